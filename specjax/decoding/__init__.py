@@ -1,0 +1,1 @@
+"""The decoding loop, methods and ``generate``."""

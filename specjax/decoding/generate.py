@@ -1,0 +1,121 @@
+"""``sj.generate``: validates at the API boundary, then runs the jitted loop."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.decoding import loop
+from specjax.decoding.methods import Autoregressive, Speculative
+from specjax.decoding.stats import DecodeStats
+from specjax.models.transformer import Transformer, check_model
+from specjax.sampling import Sampling
+
+PROMPT_BUCKET = 16  # prompts are right-padded to a multiple of this, to share compilations
+
+
+@flax.struct.dataclass
+class GenerateOutput:
+  tokens: jax.Array  # int32[B, max_new_tokens]; -1 past each row's length
+  lengths: jax.Array  # int32[B]
+  stats: DecodeStats
+
+
+def pad_prompts(prompts, vocab_size: int, bucket: int = PROMPT_BUCKET):
+  """Ragged prompts -> (int32[B, P] right-padded with 0, int32[B] lengths), validated."""
+  if isinstance(prompts, (np.ndarray, jax.Array)):
+    arr = np.asarray(prompts)
+    if arr.ndim != 2:
+      raise ValueError(f"prompts array must be [batch, length], got shape {arr.shape}")
+    rows = list(arr)
+  else:
+    rows = [np.asarray(r) for r in prompts]
+  if not rows:
+    raise ValueError("prompts is empty: give at least one prompt")
+  for i, r in enumerate(rows):
+    if r.ndim != 1 or r.size == 0:
+      raise ValueError(f"prompt {i} is empty (or not a flat list of token ids); every prompt needs "
+                       f"at least one token")
+    if not np.issubdtype(r.dtype, np.integer):
+      raise ValueError(f"prompt {i} holds {r.dtype} values; token ids must be integers")
+    bad = r[(r < 0) | (r >= vocab_size)]
+    if bad.size:
+      raise ValueError(f"prompt {i}: token id {int(bad[0])} is outside the vocabulary "
+                       f"[0, {vocab_size})")
+  lengths = np.array([r.size for r in rows], np.int32)
+  width = -(-int(lengths.max()) // bucket) * bucket
+  padded = np.zeros((len(rows), width), np.int32)
+  for i, r in enumerate(rows):
+    padded[i, :r.size] = r
+  return padded, lengths
+
+
+def _check_context(model: Transformer, role: str, longest_prompt: int, max_new_tokens: int):
+  limit = model.config.max_position_embeddings
+  if longest_prompt + max_new_tokens > limit:
+    raise ValueError(f"prompt length {longest_prompt} + max_new_tokens {max_new_tokens} = "
+                     f"{longest_prompt + max_new_tokens} exceeds the {role} model's maximum "
+                     f"context {limit}")
+
+
+def generate(
+    model: Transformer,
+    prompts: Sequence[Sequence[int]] | np.ndarray | jax.Array,
+    method: Autoregressive | Speculative = Autoregressive(),
+    sampling: Sampling = Sampling(temperature=0.0),
+    max_new_tokens: int = 32,
+    key: jax.Array | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> GenerateOutput:
+  """Generates up to ``max_new_tokens`` per prompt with ``method``; see DESIGN.md §2.
+
+  ``sampling`` defaults to greedy. A row stops at the first ``eos_token_id`` (emitted, then the
+  row is finished) or after ``max_new_tokens``; ``None`` means no EOS stopping. Compiled once per
+  (models, method, sampling, batch size, padded prompt width, max_new_tokens, eos ids).
+  """
+  check_model(model, "target")
+  if not isinstance(method, (Autoregressive, Speculative)):
+    raise ValueError(f"unknown decoding method {method!r}")
+  if not isinstance(sampling, Sampling):
+    raise ValueError(f"sampling must be an sj.Sampling, got {type(sampling).__name__}")
+  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+  max_new_tokens = int(max_new_tokens)
+  if key is None:
+    if not sampling.is_greedy:
+      raise ValueError(f"sampling with temperature {sampling.temperature} needs a PRNG key: pass "
+                       f"key=jax.random.key(seed)")
+    key = jax.random.key(0)
+  if isinstance(eos_token_id, (int, np.integer)):
+    eos_ids = (int(eos_token_id),)
+  else:
+    eos_ids = tuple(int(e) for e in (eos_token_id or ()))
+  vocab = model.config.vocab_size
+  for e in eos_ids:
+    if not 0 <= e < vocab:
+      raise ValueError(f"eos_token_id {e} is outside the vocabulary [0, {vocab})")
+  prompt, lengths = pad_prompts(prompts, vocab)
+  longest = int(lengths.max())
+  _check_context(model, "target", longest, max_new_tokens)
+
+  gamma, draft_graphdef, draft_state = 0, None, None
+  if isinstance(method, Speculative):
+    draft = method.draft
+    if draft.config.vocab_size != vocab:
+      raise ValueError(
+          f"draft vocabulary size {draft.config.vocab_size} differs from the target's {vocab}; "
+          f"target and draft must share one tokenizer (different tokenizers are not supported yet)")
+    _check_context(draft, "draft", longest, max_new_tokens)
+    gamma = method.gamma
+    draft_graphdef, draft_state = nnx.split(draft)
+  target_graphdef, target_state = nnx.split(model)
+  tokens, out_lengths, stats = loop.decode_jit(
+      target_graphdef, target_state, draft_graphdef, draft_state, jnp.asarray(prompt),
+      jnp.asarray(lengths), key, gamma=gamma, sampling=sampling, max_new_tokens=max_new_tokens,
+      eos_ids=eos_ids, cache_length=prompt.shape[1] + max_new_tokens + gamma + 1)
+  return GenerateOutput(tokens=tokens, lengths=out_lengths, stats=stats)

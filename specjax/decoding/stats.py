@@ -1,0 +1,75 @@
+"""Decoding statistics accumulated inside the jitted loop (``sj.DecodeStats``).
+
+Counters are per row where rows can differ (a finished row stops counting), so that figures of a
+batch are exact sums over rows rather than estimates.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@flax.struct.dataclass
+class DecodeStats:
+  """What one ``sj.generate`` call did.
+
+  ``target_calls`` counts target forward passes over the batch (prefill included, so plain
+  autoregressive decoding of N tokens makes N calls); ``row_target_calls[b]`` counts the passes in
+  which row b was still active. ``expected_alpha`` is Leviathan et al.'s alpha estimated with lower
+  variance than counting: the mean over verified draft positions of ``beta = sum_x min(p(x), q(x))``.
+  """
+
+  target_calls: jax.Array  # int32[]
+  draft_calls: jax.Array  # int32[]
+  row_target_calls: jax.Array  # int32[B]
+  generated: jax.Array  # int32[B] tokens emitted per row (== output lengths)
+  proposed: jax.Array  # int32[B] draft tokens proposed per row
+  accepted: jax.Array  # int32[B] draft tokens accepted per row (before budget/EOS truncation)
+  accepted_per_position: jax.Array  # int32[G] row-iterations in which draft position i was accepted
+  proposed_per_position: jax.Array  # int32[G] row-iterations in which position i was proposed
+  alpha_sum: jax.Array  # float32[] sum of beta over verified positions
+  alpha_count: jax.Array  # int32[] number of verified positions
+
+  @classmethod
+  def zeros(cls, batch: int, gamma: int) -> "DecodeStats":
+    zi = lambda *s: jnp.zeros(s, jnp.int32)
+    return cls(target_calls=zi(), draft_calls=zi(), row_target_calls=zi(batch),
+               generated=zi(batch), proposed=zi(batch), accepted=zi(batch),
+               accepted_per_position=zi(gamma), proposed_per_position=zi(gamma),
+               alpha_sum=jnp.zeros((), jnp.float32), alpha_count=zi())
+
+  @property
+  def acceptance_rate(self) -> float:
+    """Accepted / proposed draft tokens over the whole batch (nan when nothing was proposed)."""
+    proposed = int(np.sum(self.proposed))
+    return float(np.sum(self.accepted)) / proposed if proposed else float("nan")
+
+  @property
+  def tokens_per_target_call(self) -> float:
+    """Emitted tokens per target forward pass, summed over rows (block efficiency)."""
+    calls = int(np.sum(self.row_target_calls))
+    return float(np.sum(self.generated)) / calls if calls else float("nan")
+
+  @property
+  def expected_alpha(self) -> float:
+    count = int(self.alpha_count)
+    return float(self.alpha_sum) / count if count else float("nan")
+
+  @property
+  def acceptance_by_position(self) -> np.ndarray:
+    """float64[G]: P(position i accepted | position i proposed)."""
+    proposed = np.asarray(self.proposed_per_position, np.float64)
+    return np.divide(np.asarray(self.accepted_per_position), proposed,
+                     out=np.full_like(proposed, np.nan), where=proposed > 0)
+
+  def summary(self) -> dict:
+    """Plain-Python figures, for reports and JSON."""
+    return dict(target_calls=int(self.target_calls), draft_calls=int(self.draft_calls),
+                generated=int(np.sum(self.generated)), proposed=int(np.sum(self.proposed)),
+                accepted=int(np.sum(self.accepted)), acceptance_rate=self.acceptance_rate,
+                tokens_per_target_call=self.tokens_per_target_call,
+                expected_alpha=self.expected_alpha,
+                acceptance_by_position=[float(x) for x in self.acceptance_by_position])

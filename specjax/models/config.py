@@ -1,0 +1,272 @@
+"""Model hyper-parameters and their mapping to and from Hugging Face ``config.json``.
+
+One frozen, hashable ``ModelConfig`` describes every decoder we support, so that it can be a static
+argument under ``jit``. ``from_hf_dict`` reads the ``config.json`` written by transformers 4.x
+(``rope_theta``, ``rope_scaling``, ``torch_dtype``) and by 5.x (``rope_parameters``, ``dtype``);
+``to_hf_dict`` writes the 4.x spelling, which both major versions load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + ("gpt2",)
+SUPPORTED_DTYPES = ("float32", "bfloat16")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_new", "gelu_pytorch_tanh", "gelu")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Architecture of a decoder-only transformer (Llama/Mistral/Qwen2 or GPT-2 family).
+
+  ``rope_scaling`` is a sorted tuple of ``(key, value)`` pairs (hashable); build it with
+  ``rope_scaling=dict(...)`` and it is converted on construction.
+  """
+
+  model_type: str = "llama"
+  vocab_size: int = 32000
+  hidden_size: int = 512
+  num_layers: int = 8
+  num_heads: int = 8
+  num_kv_heads: int | None = None  # None -> num_heads (multi-head attention)
+  head_dim: int | None = None  # None -> hidden_size // num_heads
+  intermediate_size: int | None = None  # None -> 4 * hidden_size (GPT-2) or required (Llama)
+  max_position_embeddings: int = 2048
+  norm_eps: float = 1e-6
+  rope_theta: float = 10000.0
+  rope_scaling: Any = None
+  tie_word_embeddings: bool = False
+  attention_bias: bool = False  # bias on q/k/v projections
+  attention_out_bias: bool = False  # bias on the output projection
+  mlp_bias: bool = False
+  hidden_act: str = "silu"
+  sliding_window: int | None = None
+  bos_token_id: int | None = None
+  eos_token_id: int | tuple[int, ...] | None = None
+  pad_token_id: int | None = None
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    set_ = lambda k, v: object.__setattr__(self, k, v)
+    if isinstance(self.rope_scaling, Mapping):
+      set_("rope_scaling", tuple(sorted(self.rope_scaling.items())))
+    if isinstance(self.eos_token_id, list):
+      set_("eos_token_id", tuple(self.eos_token_id))
+    if self.num_kv_heads is None:
+      set_("num_kv_heads", self.num_heads)
+    if self.head_dim is None:
+      set_("head_dim", self.hidden_size // max(self.num_heads, 1))
+    if self.intermediate_size is None:
+      if self.model_type != "gpt2":
+        raise ValueError(f"intermediate_size is required for model_type {self.model_type!r}")
+      set_("intermediate_size", 4 * self.hidden_size)
+    self.validate()
+
+  def validate(self) -> None:
+    if self.model_type not in SUPPORTED_MODEL_TYPES:
+      raise ValueError(
+          f"unsupported model_type {self.model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if self.dtype not in SUPPORTED_DTYPES:
+      raise ValueError(f"unsupported dtype {self.dtype!r}; supported: {', '.join(SUPPORTED_DTYPES)}")
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                 "intermediate_size", "max_position_embeddings"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                       f"({self.num_kv_heads})")
+    if self.hidden_act not in SUPPORTED_ACTIVATIONS:
+      raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: "
+                       f"{', '.join(SUPPORTED_ACTIVATIONS)}")
+    if self.is_llama_family:
+      if self.head_dim % 2:
+        raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+      rope_type = self.rope_type
+      if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: "
+                         f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+    if self.sliding_window is not None and self.sliding_window < 1:
+      raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+
+  @property
+  def is_llama_family(self) -> bool:
+    return self.model_type in LLAMA_FAMILY
+
+  @property
+  def rope_scaling_dict(self) -> dict[str, Any]:
+    return dict(self.rope_scaling or ())
+
+  @property
+  def rope_type(self) -> str:
+    d = self.rope_scaling_dict
+    return d.get("rope_type", d.get("type", "default"))
+
+  @property
+  def eos_token_ids(self) -> tuple[int, ...]:
+    if self.eos_token_id is None:
+      return ()
+    if isinstance(self.eos_token_id, int):
+      return (self.eos_token_id,)
+    return tuple(self.eos_token_id)
+
+  def num_params(self) -> int:
+    """Parameter count (embeddings included, tied head counted once)."""
+    e, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+    q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+    attn = e * q + 2 * e * kv + q * e
+    if self.model_type == "gpt2":
+      layer = attn + 2 * e * i + 4 * e + (q + 2 * kv + e) + i + e
+      extra = self.max_position_embeddings * e + 2 * e
+    else:
+      layer = attn + 3 * e * i + 2 * e
+      layer += (q + 2 * kv) * self.attention_bias + e * self.attention_out_bias
+      layer += (2 * i + e) * self.mlp_bias
+      extra = e
+    head = 0 if self.tie_word_embeddings else v * e
+    return v * e + self.num_layers * layer + extra + head
+
+
+def _dtype_name(value: Any) -> str | None:
+  if value is None:
+    return None
+  name = str(value).replace("torch.", "")
+  return {"float": "float32", "fp32": "float32", "bf16": "bfloat16"}.get(name, name)
+
+
+def from_hf_dict(hf: Mapping[str, Any], dtype: str | None = None) -> ModelConfig:
+  """Maps a Hugging Face ``config.json`` dict (transformers 4.x or 5.x spelling) to ``ModelConfig``.
+
+  ``dtype`` overrides the checkpoint's own (``torch_dtype`` / ``dtype``); float16 checkpoints are
+  loaded as float32 unless a dtype is given, since CPU float16 matmuls are slow and imprecise.
+  """
+  model_type = hf.get("model_type")
+  if model_type not in SUPPORTED_MODEL_TYPES:
+    raise ValueError(f"unsupported model_type {model_type!r} in config.json; supported: "
+                     f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+  if dtype is None:
+    dtype = _dtype_name(hf.get("dtype", hf.get("torch_dtype"))) or "float32"
+    if dtype not in SUPPORTED_DTYPES:
+      dtype = "float32"
+  common = dict(
+      model_type=model_type,
+      vocab_size=hf["vocab_size"],
+      bos_token_id=hf.get("bos_token_id"),
+      eos_token_id=hf.get("eos_token_id"),
+      pad_token_id=hf.get("pad_token_id"),
+      dtype=dtype,
+  )
+  if model_type == "gpt2":
+    act = hf.get("activation_function", "gelu_new")
+    return ModelConfig(
+        **common,
+        hidden_size=hf["n_embd"],
+        num_layers=hf["n_layer"],
+        num_heads=hf["n_head"],
+        intermediate_size=hf.get("n_inner") or 4 * hf["n_embd"],
+        max_position_embeddings=hf.get("n_positions", 1024),
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        tie_word_embeddings=hf.get("tie_word_embeddings", True),
+        attention_bias=True,
+        attention_out_bias=True,
+        mlp_bias=True,
+        hidden_act=act,
+    )
+  # Llama family. transformers 5.x folds rope_theta into rope_parameters.
+  rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+  rope_theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  rope.pop("type", None)
+  rope_scaling = None if rope_type == "default" else dict(rope, rope_type=rope_type)
+  if model_type == "qwen2" and hf.get("use_sliding_window", False):
+    raise ValueError("Qwen2 checkpoints with use_sliding_window=true are not supported")
+  sliding_window = hf.get("sliding_window") if model_type == "mistral" else None
+  attention_bias = hf.get("attention_bias", False)
+  num_heads = hf["num_attention_heads"]
+  return ModelConfig(
+      **common,
+      hidden_size=hf["hidden_size"],
+      num_layers=hf["num_hidden_layers"],
+      num_heads=num_heads,
+      num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+      intermediate_size=hf["intermediate_size"],
+      max_position_embeddings=hf.get("max_position_embeddings", 2048),
+      norm_eps=hf.get("rms_norm_eps", 1e-6),
+      rope_theta=float(rope_theta),
+      rope_scaling=rope_scaling,
+      tie_word_embeddings=hf.get("tie_word_embeddings", False),
+      attention_bias=True if model_type == "qwen2" else attention_bias,
+      attention_out_bias=False if model_type == "qwen2" else attention_bias,
+      mlp_bias=hf.get("mlp_bias", False),
+      hidden_act=hf.get("hidden_act", "silu"),
+      sliding_window=sliding_window,
+  )
+
+
+def to_hf_dict(config: ModelConfig) -> dict[str, Any]:
+  """The ``config.json`` dict for ``config`` (transformers 4.x spelling; 5.x reads it too)."""
+  c = config
+  common = dict(model_type=c.model_type, vocab_size=c.vocab_size, bos_token_id=c.bos_token_id,
+                eos_token_id=list(c.eos_token_id) if isinstance(c.eos_token_id, tuple)
+                else c.eos_token_id,
+                pad_token_id=c.pad_token_id, torch_dtype=c.dtype,
+                tie_word_embeddings=c.tie_word_embeddings)
+  if c.model_type == "gpt2":
+    if c.num_kv_heads != c.num_heads or c.head_dim * c.num_heads != c.hidden_size:
+      raise ValueError("GPT-2 configs need num_kv_heads == num_heads and head_dim * num_heads == "
+                       "hidden_size")
+    return dict(common, architectures=["GPT2LMHeadModel"], n_embd=c.hidden_size,
+                n_layer=c.num_layers, n_head=c.num_heads, n_inner=c.intermediate_size,
+                n_positions=c.max_position_embeddings, layer_norm_epsilon=c.norm_eps,
+                activation_function=c.hidden_act)
+  arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+          "qwen2": "Qwen2ForCausalLM"}[c.model_type]
+  out = dict(common, architectures=[arch], hidden_size=c.hidden_size,
+             num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+             num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim,
+             intermediate_size=c.intermediate_size,
+             max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.norm_eps,
+             rope_theta=c.rope_theta, rope_scaling=c.rope_scaling_dict or None,
+             hidden_act=c.hidden_act)
+  if c.model_type == "llama":
+    if c.attention_bias != c.attention_out_bias:
+      raise ValueError("Llama's attention_bias covers q/k/v and o alike")
+    out.update(attention_bias=c.attention_bias, mlp_bias=c.mlp_bias)
+  elif c.model_type == "mistral":
+    out.update(sliding_window=c.sliding_window)
+  else:
+    out.update(use_sliding_window=False)
+  return out
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> "np.ndarray":
+  """float64[head_dim // 2] rotary inverse frequencies, with Llama-3 / linear scaling applied.
+
+  Llama 3.1 (``rope_type='llama3'``) rescales low frequencies by ``factor`` and interpolates in
+  between (Meta's ``apply_scaling``, transformers ``_compute_llama3_parameters``).
+  """
+  import numpy as np
+
+  dim = config.head_dim
+  inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32)
+                                          / dim))
+  inv_freq = inv_freq.astype(np.float32)
+  d = config.rope_scaling_dict
+  if config.rope_type == "linear":
+    inv_freq = inv_freq / np.float32(d["factor"])
+  elif config.rope_type == "llama3":
+    factor, low, high = d["factor"], d["low_freq_factor"], d["high_freq_factor"]
+    old_len = d["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    inv_freq = np.where(medium, smoothed, scaled).astype(np.float32)
+  return inv_freq

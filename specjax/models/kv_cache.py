@@ -1,0 +1,63 @@
+"""Static-shape key/value cache with per-row lengths.
+
+The cache is a plain pytree passed into and returned from every forward. Row ``b`` holds committed
+entries in slots ``[0, lengths[b])``; a forward over ``T`` new tokens writes them at the scratch slots
+``[lengths[b], lengths[b] + T)`` without moving ``lengths``. The caller then *commits* by advancing
+``lengths`` by the number of entries it keeps, so rolling back a rejected draft costs nothing: the
+rejected entries simply stay beyond the row's length and are overwritten later. Tree candidates
+whose accepted path is not a prefix of the scratch slots are moved into place with ``compact``.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from specjax.models.config import ModelConfig
+
+# Logical axis names, so that sharding rules can map them to mesh axes later.
+CACHE_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")
+
+
+@flax.struct.dataclass
+class KVCache:
+  k: jax.Array  # [layers, B, S, kv_heads, head_dim]
+  v: jax.Array  # [layers, B, S, kv_heads, head_dim]
+  lengths: jax.Array  # int32[B] committed entries per row
+
+  @property
+  def batch_size(self) -> int:
+    return self.k.shape[1]
+
+  @property
+  def max_length(self) -> int:
+    return self.k.shape[2]
+
+  def with_lengths(self, lengths: jax.Array) -> "KVCache":
+    return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
+
+  def compact(self, src_slots: jax.Array, dst_start: jax.Array) -> "KVCache":
+    """Copies slots ``src_slots[b]`` (int32[B, N]) to ``dst_start[b] + arange(N)``, per row.
+
+    Used after tree verification to move the accepted path's entries next to the committed ones.
+    """
+    n = src_slots.shape[1]
+    rows = jnp.arange(self.batch_size)[:, None]
+    dst = dst_start[:, None] + jnp.arange(n)[None, :]
+
+    def move(x):
+      return x.at[:, rows, dst].set(x[:, rows, src_slots], mode="drop")
+
+    return self.replace(k=move(self.k), v=move(self.v))
+
+
+def init_cache(config: ModelConfig, batch_size: int, max_length: int) -> KVCache:
+  """An empty cache (all lengths 0) of static shape for ``batch_size`` rows of ``max_length``."""
+  if max_length < 1 or batch_size < 1:
+    raise ValueError(f"cache needs batch_size >= 1 and max_length >= 1, got {batch_size}, "
+                     f"{max_length}")
+  shape = (config.num_layers, batch_size, max_length, config.num_kv_heads, config.head_dim)
+  dtype = jnp.dtype(config.dtype)
+  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                 lengths=jnp.zeros((batch_size,), jnp.int32))

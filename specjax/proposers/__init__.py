@@ -1,0 +1,1 @@
+"""Proposers: where candidate tokens come from (draft models, n-grams, ...)."""

@@ -1,0 +1,91 @@
+"""A draft model proposing a chain of ``gamma`` tokens, with its own KV cache.
+
+The draft lags the target by design: after an iteration in which all ``gamma`` drafts were
+accepted, the last draft ``x_gamma`` was never fed to the draft model (only its successor was
+needed). Rather than spending an extra draft pass, the next iteration's first draft step feeds two
+tokens ``[x_gamma, pending]`` for rows that are behind and ``[pending, pending]`` (second one
+ignored) for the others, so each iteration costs exactly ``gamma`` draft passes.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from specjax import sampling as sampling_lib
+from specjax.models.kv_cache import KVCache
+from specjax.models.transformer import Transformer
+
+
+@flax.struct.dataclass
+class DraftChainState:
+  cache: KVCache
+  behind: jax.Array  # bool[B] the row's last accepted draft is not in the draft cache yet
+  last_draft: jax.Array  # int32[B] that token, when behind
+
+
+def prefill(draft: Transformer, cache: KVCache, prompt: jax.Array,
+            prompt_lengths: jax.Array) -> DraftChainState:
+  """Feeds the (right-padded) prompts; the draft then holds exactly the prompt, like the target."""
+  _, cache = draft(prompt, cache)
+  batch = prompt.shape[0]
+  return DraftChainState(cache=cache.with_lengths(prompt_lengths),
+                         behind=jnp.zeros((batch,), bool),
+                         last_draft=jnp.zeros((batch,), jnp.int32))
+
+
+def _draw(keys: jax.Array, logits: jax.Array, sampling: sampling_lib.Sampling):
+  """One token per row, plus the (warped) proposal distribution it was drawn from."""
+  if sampling.is_greedy:
+    return sampling_lib.greedy(logits), None
+  q = sampling_lib.probabilities(logits, sampling)
+  return jax.vmap(sampling_lib.sample_from_probs)(keys, q), q
+
+
+def propose(draft: Transformer, state: DraftChainState, pending: jax.Array, keys: jax.Array,
+            sampling: sampling_lib.Sampling, gamma: int):
+  """Proposes ``gamma`` tokens after ``pending`` (the target's last emitted token).
+
+  Args:
+    keys: key[B, gamma], one per row and draft position.
+  Returns:
+    (int32[B, gamma] tokens, float32[B, gamma, V] proposal distributions or None when greedy,
+     the draft state after the proposal; ``commit`` must follow).
+  """
+  cache = state.cache
+  first = jnp.stack([jnp.where(state.behind, state.last_draft, pending), pending], axis=1)
+  logits, cache = draft(first, cache)
+  logits = jnp.where(state.behind[:, None], logits[:, 1], logits[:, 0])
+  cache = cache.with_lengths(cache.lengths + 1 + state.behind)
+  token, q = _draw(keys[:, 0], logits, sampling)
+
+  def step(carry, key):
+    cache, token = carry
+    logits, cache = draft(token[:, None], cache)
+    cache = cache.with_lengths(cache.lengths + 1)
+    token, q = _draw(key, logits[:, 0], sampling)
+    return (cache, token), (token, q)
+
+  (cache, _), (rest, rest_q) = jax.lax.scan(step, (cache, token), jnp.swapaxes(keys[:, 1:], 0, 1))
+  tokens = jnp.concatenate([token[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
+  if q is not None:
+    q = jnp.concatenate([q[:, None], jnp.swapaxes(rest_q, 0, 1)], axis=1)
+  return tokens, q, state.replace(cache=cache)
+
+
+def commit(state: DraftChainState, drafts: jax.Array, target_length: jax.Array,
+           num_accepted: jax.Array, active: jax.Array) -> DraftChainState:
+  """Rolls the draft cache back to the accepted prefix.
+
+  ``target_length``: int32[B] target cache length *before* this iteration (the slot of
+  ``pending``). The draft cache holds pending and ``x_1..x_{gamma-1}``, so it keeps
+  ``1 + min(n, gamma - 1)`` of them; a row that accepted all ``gamma`` is left behind by one.
+  """
+  gamma = drafts.shape[1]
+  length = target_length + 1 + jnp.minimum(num_accepted, gamma - 1)
+  keep = lambda new, old: jnp.where(active, new, old)
+  return DraftChainState(
+      cache=state.cache.with_lengths(keep(length, target_length - state.behind)),
+      behind=keep(num_accepted == gamma, state.behind),
+      last_draft=keep(drafts[:, -1], state.last_draft))
