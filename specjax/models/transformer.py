@@ -98,9 +98,10 @@ class Attention(nnx.Module):
     self.o = Dense(rngs, c.num_heads * c.head_dim, c.hidden_size, ("heads", "embed"),
                    c.attention_out_bias, dtype)
 
-  def __call__(self, x, rope, layer_k, layer_v, write, mask):
-    """x: [B, T, E]; layer_k/v: [B, S, KVH, D] cache of this layer; write(cache, new) stores the
-    new entries at their scratch slots; mask: bool[B, T, S]. Returns (out, new layer_k, layer_v)."""
+  def __call__(self, x, rope, cache_k, cache_v, layer, write, mask):
+    """x: [B, T, E]; cache_k/v: [layers, B, S, KVH, D]; write(cache, layer, new) stores the new
+    entries of this layer at their scratch slots (in place under XLA); mask: bool[B, T, S].
+    Returns (out, cache_k, cache_v)."""
     b, t, _ = x.shape
     q = self.q(x).reshape(b, t, self.num_heads, self.head_dim)
     k = self.k(x).reshape(b, t, self.num_kv_heads, self.head_dim)
@@ -108,7 +109,8 @@ class Attention(nnx.Module):
     if rope is not None:
       cos, sin = rope
       q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-    layer_k, layer_v = write(layer_k, k), write(layer_v, v)
+    cache_k, cache_v = write(cache_k, layer, k), write(cache_v, layer, v)
+    layer_k, layer_v = cache_k[layer], cache_v[layer]
     groups = self.num_heads // self.num_kv_heads
     q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
     scores = jnp.einsum("btkgd,bskd->bkgts", q, layer_k, preferred_element_type=jnp.float32)
@@ -116,7 +118,7 @@ class Attention(nnx.Module):
     scores = jnp.where(mask[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, layer_v)
-    return self.o(out.reshape(b, t, -1)), layer_k, layer_v
+    return self.o(out.reshape(b, t, -1)), cache_k, cache_v
 
 
 class MLP(nnx.Module):
@@ -141,10 +143,10 @@ class Block(nnx.Module):
     self.mlp_norm = Norm(config, dtype)
     self.mlp = MLP(config, rngs, dtype)
 
-  def __call__(self, x, rope, layer_k, layer_v, write, mask):
-    h, layer_k, layer_v = self.attn(self.attn_norm(x), rope, layer_k, layer_v, write, mask)
+  def __call__(self, x, rope, cache_k, cache_v, layer, write, mask):
+    h, cache_k, cache_v = self.attn(self.attn_norm(x), rope, cache_k, cache_v, layer, write, mask)
     x = x + h
-    return x + self.mlp(self.mlp_norm(x)), layer_k, layer_v
+    return x + self.mlp(self.mlp_norm(x)), cache_k, cache_v
 
 
 def causal_mask(t: int) -> np.ndarray:
@@ -218,8 +220,8 @@ class Transformer(nnx.Module):
     write_slots = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
     rows = jnp.arange(b)[:, None]
 
-    def write(layer_cache, new):  # [B, S, KVH, D] <- [B, T, KVH, D]
-      return layer_cache.at[rows, write_slots].set(new.astype(layer_cache.dtype), mode="drop")
+    def write(cache_kv, layer, new):  # [L, B, S, KVH, D] <- [B, T, KVH, D] at layer
+      return cache_kv.at[layer, rows, write_slots].set(new.astype(cache_kv.dtype), mode="drop")
 
     x = jnp.take(self.embed[...], tokens, axis=0)
     if c.is_llama_family:
@@ -228,17 +230,16 @@ class Transformer(nnx.Module):
       rope = (jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype))
     else:
       rope = None
-      x = x + jnp.take(self.pos_embed[...], positions, axis=0)
+      # Scratch tokens past the budget may sit beyond the table; they are never emitted.
+      x = x + jnp.take(self.pos_embed[...], positions, axis=0, mode="clip")
 
-    new_k, new_v = [], []
+    cache_k, cache_v = cache.k, cache.v
     for i, layer in enumerate(self.layers):
-      x, lk, lv = layer(x, rope, cache.k[i], cache.v[i], write, mask)
-      new_k.append(lk)
-      new_v.append(lv)
+      x, cache_k, cache_v = layer(x, rope, cache_k, cache_v, i, write, mask)
     x = self.final_norm(x)
     head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
     logits = jnp.dot(x, head, preferred_element_type=jnp.float32)
-    return logits, cache.replace(k=jnp.stack(new_k), v=jnp.stack(new_v))
+    return logits, cache.replace(k=cache_k, v=cache_v)
 
 
 def check_model(model, role: str = "model") -> None:

@@ -1,0 +1,108 @@
+"""Tiny random target/draft pairs and a byte tokenizer, for tests, notebooks and ``configs/tiny.py``.
+
+No training and no files: ``random_pair()`` builds both models in-process in a second or two.
+The experiment runner names them ``"random:<name>"`` (see ``RANDOM_MODELS``).
+
+A random transformer initialised with std 0.02 has nearly uniform next-token laws, which makes
+acceptance statistics dull. So the target's output head is scaled up (``LOGIT_SCALE``: peaked,
+non-trivial laws), and the draft is the target *truncated to its first layer(s)*, sharing its
+embeddings, final norm and head: a cheap model that agrees with the target often but not always,
+like a real draft. The residual contributions of the target's later layers are scaled down
+(``LATER_LAYER_SCALE``) so that the one-layer draft's greedy agreement is about 0.65 and its
+acceptance rate at temperature 1 about 0.8, values typical of a real pair.
+
+The vocabulary is 256 so that ``ByteTokenizer`` (UTF-8 bytes) encodes any text, prompts included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from flax import nnx
+
+from specjax.models.config import ModelConfig
+
+VOCAB = 256
+LOGIT_SCALE = 12.0  # multiplies the target's head: logits std ~2 instead of ~0.15
+LATER_LAYER_SCALE = 0.3  # multiplies the output projections of layers >= 1 (see below)
+
+TARGET_CONFIG = ModelConfig(
+    model_type="llama", vocab_size=VOCAB, hidden_size=64, num_layers=4, num_heads=4,
+    num_kv_heads=2, intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
+    bos_token_id=0, eos_token_id=0)
+
+# name -> (target config, layers kept by the draft or None for the target itself)
+RANDOM_MODELS = {
+    "tiny-target": None,
+    "tiny-draft": 1,   # the target's first layer only
+    "tiny-draft2": 2,  # first two layers (higher acceptance, more expensive)
+}
+
+
+def _scaled_target(seed: int):
+  import specjax as sj
+  model = sj.init_model(TARGET_CONFIG, jax.random.key(seed))
+  model.lm_head.set_value(model.lm_head.get_value() * LOGIT_SCALE)
+  for layer in list(model.layers)[1:]:
+    for kernel in (layer.attn.o.kernel, layer.mlp.down.kernel):
+      kernel.set_value(kernel.get_value() * LATER_LAYER_SCALE)
+  return model
+
+
+def truncate(target, num_layers: int):
+  """A draft made of ``target``'s first ``num_layers`` layers (weights shared by value)."""
+  import specjax as sj
+  if not 1 <= num_layers <= target.config.num_layers:
+    raise ValueError(f"num_layers must be in [1, {target.config.num_layers}], got {num_layers}")
+  config = dataclasses.replace(target.config, num_layers=num_layers)
+  draft = sj.init_model(config, jax.random.key(0))
+  src = dict(nnx.to_flat_state(nnx.state(target)))
+  dst_state = nnx.state(draft)
+  for path, var in nnx.to_flat_state(dst_state):
+    var.set_value(src[path].get_value())
+  nnx.update(draft, dst_state)
+  return draft
+
+
+def model_config(name: str) -> ModelConfig:
+  """The ``ModelConfig`` of ``random:<name>`` without building it (for validation)."""
+  if name not in RANDOM_MODELS:
+    raise ValueError(f"unknown random model {name!r}; known: {', '.join(RANDOM_MODELS)}")
+  layers = RANDOM_MODELS[name]
+  return TARGET_CONFIG if layers is None else dataclasses.replace(TARGET_CONFIG, num_layers=layers)
+
+
+def build(name: str, seed: int = 0):
+  """The model ``random:<name>``; every draft derives from the target of the same ``seed``."""
+  layers = RANDOM_MODELS.get(name, "missing")
+  if layers == "missing":
+    raise ValueError(f"unknown random model {name!r}; known: {', '.join(RANDOM_MODELS)}")
+  target = _scaled_target(seed)
+  return target if layers is None else truncate(target, layers)
+
+
+def random_pair(seed: int = 0, draft_layers: int = 1):
+  """(target, draft): the tiny random target and its truncated draft."""
+  target = _scaled_target(seed)
+  return target, truncate(target, draft_layers)
+
+
+class ByteTokenizer:
+  """UTF-8 bytes as token ids 0..255 (enough of the ``transformers`` tokenizer API for us)."""
+
+  vocab_size = VOCAB
+  eos_token_id = None
+
+  def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    del add_special_tokens
+    return list(text.encode("utf-8"))
+
+  def decode(self, ids, skip_special_tokens: bool = False) -> str:
+    del skip_special_tokens
+    ids = [int(i) for i in np.asarray(ids).reshape(-1) if 0 <= int(i) < 256]
+    return bytes(ids).decode("utf-8", errors="replace")
+
+  def __len__(self) -> int:
+    return VOCAB

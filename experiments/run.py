@@ -1,0 +1,612 @@
+r"""Speculative-decoding experiments: sweeps, interleaved timing, report with tables and plots.
+
+    python -m experiments.run --config=configs/default.py
+    python -m experiments.run --config=configs/leviathan.py:gamma=2,temperature=1
+    python -m experiments.run --config=configs/tiny.py --config.output_dir=/tmp/tiny \
+        --config.gammas=1,2 --config.repeats=2
+
+A config (``configs/*.py``, fields in ``experiments/runconfig.py``) names the target and draft
+checkpoints, the prompts, the methods and the sweeps (gammas, temperatures), batch size, token
+budget, repeats and the output directory. The run:
+
+1. validates the config (one line per problem, before anything heavy);
+2. loads the models once and tokenizes the prompts;
+3. measures the draft/target cost ratio c (one jitted decoding step of each, interleaved);
+4. warms up (compiles) every setting (method, gamma, sampling) once, timing it separately;
+5. times ``repeats`` passes with the settings *interleaved* batch by batch (AR, spec g=1, spec g=2,
+   ..., AR, ...), so machine noise hits all of them alike; tokens/s is the median over repeats;
+6. prints a table, the greedy continuations of one prompt by AR and speculative decoding, and
+   writes ``results.json``, ``report.md`` and PNG plots to ``output_dir``.
+
+``run_experiment(config)`` does the same in-process and returns the results dict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from experiments import prompts as prompts_lib
+from experiments import runconfig
+from experiments.runconfig import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "experiment config file, e.g. configs/default.py[:key=value,...]",
+    lock_config=True)
+
+
+def _log(msg: str) -> None:
+  print(msg, file=sys.stderr, flush=True)
+
+
+def _one_line(msg: str) -> str:
+  return " ".join(str(msg).split())
+
+
+# ------------------------------------------------------------------------------------- settings
+
+
+def make_settings(config) -> list[dict]:
+  """Every (method, gamma, temperature) to time, in interleaving order (temperature-major)."""
+  settings = []
+  for t in config.temperatures:
+    for m in config.methods:
+      gammas = tuple(config.gammas) if m in ("speculative", "hf_assisted") else (None,)
+      for g in gammas:
+        settings.append(dict(method=m, gamma=g, temperature=float(t), top_k=int(config.top_k),
+                             top_p=float(config.top_p)))
+  return settings
+
+
+def setting_label(s: dict) -> str:
+  g = f" g={s['gamma']}" if s["gamma"] is not None else ""
+  return f"{s['method']}{g} T={s['temperature']:g}"
+
+
+# ---------------------------------------------------------------------------------------- models
+
+
+class _Models:
+  """Loaded models (specjax, and transformers when an hf_* method runs) and the tokenizer."""
+
+  def __init__(self, config, specs: dict, tmpdir: str):
+    import specjax as sj
+    from experiments import random_models
+
+    self.specs = specs
+    self.sj: dict[str, Any] = {}
+    seed = int(config.seed)
+    for role, spec in specs.items():
+      t0 = time.perf_counter()
+      if spec.random_name is not None:
+        self.sj[role] = random_models.build(spec.random_name, seed=seed)
+      else:
+        self.sj[role] = sj.load_model(spec.path, dtype=config.dtype)
+      _log(f"[run] loaded {role} {spec.spec}: {self.sj[role].config.num_params() / 1e6:.2f}M "
+           f"parameters ({time.perf_counter() - t0:.1f}s)")
+    if config.tokenizer == "bytes" or (config.tokenizer == "" and specs["target"].path is None):
+      self.tokenizer = random_models.ByteTokenizer()
+    else:
+      self.tokenizer = sj.load_tokenizer(config.tokenizer or specs["target"].path)
+    self.hf: dict[str, Any] = {}
+    if any(m in runconfig.HF_METHODS for m in config.methods):
+      self._load_hf(config, tmpdir)
+
+  def _load_hf(self, config, tmpdir: str):
+    try:
+      import torch
+      import transformers
+    except ImportError as e:  # validate() checked find_spec; this is a broken install
+      raise ConfigError(f"hf_* methods need torch and transformers: {e}") from None
+    import specjax as sj
+    dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
+    for role, spec in self.specs.items():
+      path = spec.path
+      if path is None:  # a random model: write it as an HF checkpoint first
+        path = os.path.join(tmpdir, role)
+        sj.save_model(self.sj[role], path)
+      model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+      self.hf[role] = model.eval()
+
+  def encode(self, texts: list[str], max_tokens: int, add_bos: bool) -> list[list[int]]:
+    bos = getattr(self.tokenizer, "bos_token_id", None) if add_bos else None
+    out = []
+    for text in texts:
+      ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+      if bos is not None:
+        ids = [int(bos)] + ids
+      out.append([int(i) for i in ids[-max_tokens:]])
+    return out
+
+  def decode(self, ids) -> str:
+    return self.tokenizer.decode([int(i) for i in ids if int(i) >= 0])
+
+
+# ---------------------------------------------------------------------------------------- timing
+
+
+def _step_fn():
+  import functools
+
+  import jax
+  from flax import nnx
+
+  @functools.partial(jax.jit, static_argnums=0, donate_argnums=3)
+  def step(graphdef, state, tokens, cache):
+    logits, cache = nnx.merge(graphdef, state)(tokens, cache)
+    return logits[:, -1], cache
+
+  return step
+
+
+def measure_step_costs(models: _Models, batch: int, context: int, cache_length: int,
+                       widths=(1,), min_seconds: float = 0.3, max_iters: int = 200) -> dict:
+  """Median seconds of one jitted forward step of each model (target at every width in ``widths``,
+  draft at width 1) at ``batch`` rows, with ``context`` tokens already in a cache of
+  ``cache_length`` slots; the calls alternate between the models so noise hits both alike."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from specjax.models.kv_cache import init_cache
+
+  step = _step_fn()
+  jobs = []  # (name, graphdef, state, tokens, cache)
+  for role, model in models.sj.items():
+    for w in (widths if role == "target" else (1,)):
+      graphdef, state = nnx.split(model)
+      cache = init_cache(model.config, batch, cache_length).with_lengths(
+          jnp.full((batch,), context, jnp.int32))
+      tokens = jnp.ones((batch, w), jnp.int32)
+      jobs.append([f"{role}_w{w}", graphdef, state, tokens, cache])
+  times: dict[str, list[float]] = {j[0]: [] for j in jobs}
+  t_compile = time.perf_counter()
+  for j in jobs:  # compile
+    out, j[4] = step(j[1], j[2], j[3], j[4])
+    jax.block_until_ready(out)
+  compile_s = time.perf_counter() - t_compile
+  start = time.perf_counter()
+  for it in range(max_iters):
+    for j in jobs:
+      t0 = time.perf_counter()
+      out, j[4] = step(j[1], j[2], j[3], j[4])
+      jax.block_until_ready(out)
+      times[j[0]].append(time.perf_counter() - t0)
+    if it >= 4 and time.perf_counter() - start > min_seconds * len(jobs):
+      break
+  medians = {k: statistics.median(v) for k, v in times.items()}
+  result = {"batch": batch, "context": context, "iterations": len(times[jobs[0][0]]),
+            "compile_s": compile_s, "seconds": medians,
+            "target_step_ms": medians["target_w1"] * 1e3}
+  if "draft_w1" in medians:
+    result["draft_step_ms"] = medians["draft_w1"] * 1e3
+    result["cost_ratio"] = medians["draft_w1"] / medians["target_w1"]
+  result["target_verify_ms"] = {str(w - 1): medians[f"target_w{w}"] * 1e3 for w in widths if w > 1}
+  return result
+
+
+class _Runner:
+  """Runs one setting on one batch; returns (seconds, tokens int32[B, N] with -1 padding, stats)."""
+
+  def __init__(self, config, models: _Models):
+    import jax
+    import specjax as sj
+    self.jax, self.sj = jax, sj
+    self.config = config
+    self.models = models
+    self.eos = None
+    if config.stop_at_eos:
+      self.eos = getattr(models.tokenizer, "eos_token_id", None)
+    self.methods = {}
+
+  def method(self, s: dict):
+    key = (s["method"], s["gamma"])
+    if key not in self.methods:
+      sj = self.sj
+      if s["method"] == "autoregressive":
+        self.methods[key] = ("target", sj.Autoregressive())
+      elif s["method"] == "draft_autoregressive":
+        self.methods[key] = ("draft", sj.Autoregressive())
+      elif s["method"] == "speculative":
+        self.methods[key] = ("target", sj.Speculative(draft=self.models.sj["draft"],
+                                                      gamma=int(s["gamma"])))
+    return self.methods[key]
+
+  def __call__(self, s: dict, batch: list[list[int]], key_seed: tuple[int, int]):
+    import numpy as np
+    if s["method"].startswith("hf_"):
+      return self._hf(s, batch, key_seed)
+    jax, sj = self.jax, self.sj
+    role, method = self.method(s)
+    sampling = sj.Sampling(temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"])
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.seed), key_seed[0]),
+                             key_seed[1])
+    t0 = time.perf_counter()
+    out = sj.generate(self.models.sj[role], batch, method=method, sampling=sampling,
+                      max_new_tokens=int(self.config.max_new_tokens), key=key,
+                      eos_token_id=self.eos)
+    jax.block_until_ready(out.tokens)
+    seconds = time.perf_counter() - t0
+    return seconds, np.asarray(out.tokens), out.stats
+
+  def _hf(self, s: dict, batch: list[list[int]], key_seed: tuple[int, int]):
+    import numpy as np
+    import torch
+    if len(batch) != 1:
+      raise ValueError("hf methods run one prompt at a time")
+    target = self.models.hf["target"]
+    n = int(self.config.max_new_tokens)
+    kwargs: dict[str, Any] = dict(max_new_tokens=n, pad_token_id=0)
+    if not self.config.stop_at_eos:
+      kwargs["min_new_tokens"] = n
+    if s["temperature"] > 0:
+      kwargs.update(do_sample=True, temperature=s["temperature"], top_k=s["top_k"],
+                    top_p=s["top_p"])
+      torch.manual_seed(hash(key_seed) % (1 << 31) + self.config.seed)
+    else:
+      kwargs.update(do_sample=False)
+    if s["method"] == "hf_assisted":
+      draft = self.models.hf["draft"]
+      # transformers 5.x reads these three from the *assistant's* generation_config (see
+      # candidate_generator.AssistedCandidateGenerator.__init__); the constant schedule and a zero
+      # confidence threshold make it draft exactly gamma tokens per iteration, like ours.
+      draft.generation_config.num_assistant_tokens = int(s["gamma"])
+      draft.generation_config.num_assistant_tokens_schedule = "constant"
+      draft.generation_config.assistant_confidence_threshold = 0.0
+      kwargs.update(assistant_model=draft, num_assistant_tokens=int(s["gamma"]),
+                    num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+    ids = torch.tensor([batch[0]], dtype=torch.long)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+      out = target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+    seconds = time.perf_counter() - t0
+    new = out[:, ids.shape[1]:].numpy().astype(np.int32)
+    tokens = np.full((1, n), -1, np.int32)
+    tokens[:, :new.shape[1]] = new[:, :n]
+    return seconds, tokens, None
+
+
+# ------------------------------------------------------------------------------------ statistics
+
+
+class _StatsSum:
+  """Sums ``sj.DecodeStats`` over calls, so that rates are exact ratios of totals."""
+
+  def __init__(self):
+    self.n = 0
+    self.sums: dict[str, Any] = {}
+
+  def add(self, stats) -> None:
+    import numpy as np
+    if stats is None:
+      return
+    self.n += 1
+    fields = dict(target_calls=stats.target_calls, draft_calls=stats.draft_calls,
+                  row_target_calls=np.sum(stats.row_target_calls),
+                  generated=np.sum(stats.generated), proposed=np.sum(stats.proposed),
+                  accepted=np.sum(stats.accepted), alpha_sum=stats.alpha_sum,
+                  alpha_count=stats.alpha_count,
+                  accepted_per_position=stats.accepted_per_position,
+                  proposed_per_position=stats.proposed_per_position)
+    for k, v in fields.items():
+      v = np.asarray(v, np.float64)
+      self.sums[k] = self.sums[k] + v if k in self.sums else v
+
+  def summary(self) -> dict:
+    import numpy as np
+    nan = float("nan")
+    if not self.n:
+      return dict(acceptance_rate=nan, expected_alpha=nan, tokens_per_target_call=nan,
+                  acceptance_by_position=[], target_calls=None, draft_calls=None)
+    s = self.sums
+    div = lambda a, b: float(a) / float(b) if float(b) else nan
+    by_pos = [div(a, p) for a, p in zip(s["accepted_per_position"], s["proposed_per_position"])]
+    return dict(acceptance_rate=div(s["accepted"], s["proposed"]),
+                expected_alpha=div(s["alpha_sum"], s["alpha_count"]),
+                tokens_per_target_call=div(s["generated"], s["row_target_calls"]),
+                acceptance_by_position=by_pos,
+                target_calls=int(s["target_calls"]) // self.n,
+                draft_calls=int(s["draft_calls"]) // self.n,
+                proposed=int(s["proposed"]) // self.n, accepted=int(s["accepted"]) // self.n)
+
+
+# ------------------------------------------------------------------------------------ experiment
+
+
+def _versions() -> dict:
+  import importlib.metadata as md
+  out = {"python": platform.python_version()}
+  for name in ("jax", "jaxlib", "flax", "numpy", "transformers", "torch", "ml_collections"):
+    try:
+      out[name] = md.version(name)
+    except md.PackageNotFoundError:
+      pass
+  try:
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "setup.cfg"))
+    out["specjax"] = cfg.get("metadata", "version")
+  except Exception:  # pylint: disable=broad-except
+    pass
+  return out
+
+
+def _machine() -> dict:
+  import jax
+  devices = jax.devices()
+  return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+          "cpu_count": os.cpu_count(), "jax_backend": jax.default_backend(),
+          "devices": [str(d.device_kind) for d in devices]}
+
+
+def _progress(total: int, desc: str, enabled: bool):
+  if not enabled:
+    return contextlib.nullcontext(None)
+  from tqdm.auto import tqdm
+  return tqdm(total=total, desc=desc, unit="call", file=sys.stderr, dynamic_ncols=True,
+              leave=True)
+
+
+def run_experiment(config, command: str | None = None) -> dict:
+  """Runs the experiment of ``config``; writes the report; returns the results dict.
+
+  Raises ``ConfigError`` (a ``ValueError``) with a one-line message on a bad config, before any
+  model is loaded.
+  """
+  t_start = time.perf_counter()
+  runconfig.validate(config)
+  settings = make_settings(config)
+  if config.dry_run:
+    plan = {"dry_run": True, "settings": settings, "config": config.to_dict()}
+    print(f"[run] dry run: {len(settings)} settings")
+    for s in settings:
+      print(f"  {setting_label(s)}")
+    return plan
+  specs = runconfig.resolve_checkpoints(config)
+  texts = prompts_lib.load_prompts(config.prompts)
+  if config.num_prompts:
+    texts = texts[:config.num_prompts]
+  if config.sample_prompt >= len(texts):
+    raise ConfigError(f"sample_prompt {config.sample_prompt} is out of range: there are "
+                      f"{len(texts)} prompts")
+
+  import numpy as np
+
+  from experiments import report as report_lib
+  from specjax import metrics
+
+  with tempfile.TemporaryDirectory(prefix="specjax-run-") as tmpdir:
+    models = _Models(config, specs, tmpdir)
+    prompts = models.encode(texts, int(config.max_prompt_tokens), bool(config.add_bos))
+    bsz = int(config.batch_size)
+    # Fill the last batch by cycling the prompts: every batch has the same shape.
+    n_rows = -(-len(prompts) // bsz) * bsz
+    rows = [prompts[i % len(prompts)] for i in range(n_rows)]
+    batches = [rows[i:i + bsz] for i in range(0, n_rows, bsz)]
+    prompt_lengths = [len(p) for p in prompts]
+    _log(f"[run] {len(texts)} prompts ({config.prompts}), {min(prompt_lengths)}-"
+         f"{max(prompt_lengths)} tokens; {len(batches)} batches of {bsz}; {len(settings)} settings; "
+         f"{config.repeats} repeats")
+
+    # The cost ratio c: one draft step vs one target step, jitted, at the run's batch size.
+    cost: dict[str, Any] = {}
+    if "draft" in models.sj:
+      widths = (1,) + tuple(g + 1 for g in config.gammas
+                            if any(m == "speculative" for m in config.methods))
+      context = int(np.mean(prompt_lengths)) + int(config.max_new_tokens) // 2
+      cache_len = max(prompt_lengths) + int(config.max_new_tokens) + max(config.gammas) + 2
+      _log(f"[run] measuring the draft/target cost ratio (one decoding step each, batch {bsz}, "
+           f"context {context})")
+      cost = measure_step_costs(models, bsz, context, cache_len, widths=widths)
+      _log(f"[run]   target step {cost['target_step_ms']:.3f} ms, draft step "
+           f"{cost['draft_step_ms']:.3f} ms: c = {cost['cost_ratio']:.3f}")
+
+    runner = _Runner(config, models)
+    records = [dict(s, warmup_s=0.0, times=[], tokens=[], stats=_StatsSum(), outputs=None)
+               for s in settings]
+
+    # Warm-up: compile every setting on every batch shape once (timed apart).
+    with _progress(len(records) * len(batches), "warm-up (compile)", config.progress) as bar:
+      for rec in records:
+        outs = []
+        for b, batch in enumerate(batches):
+          if bar is not None:
+            bar.set_postfix_str(setting_label(rec), refresh=False)
+          seconds, tokens, _ = runner(rec, batch, (0, b))
+          rec["warmup_s"] += seconds
+          outs.append(tokens)
+          if bar is not None:
+            bar.update(1)
+        rec["outputs"] = np.concatenate(outs)[:len(prompts)]
+
+    # Timed repeats, interleaved: for each repeat and batch, every setting in turn.
+    with _progress(int(config.repeats) * len(batches) * len(records), "timed runs",
+                   config.progress) as bar:
+      for r in range(int(config.repeats)):
+        per = [[0.0, 0] for _ in records]
+        for b, batch in enumerate(batches):
+          for i, rec in enumerate(records):
+            seconds, tokens, stats = runner(rec, batch, (r + 1, b))
+            per[i][0] += seconds
+            per[i][1] += int(np.sum(tokens >= 0))
+            rec["stats"].add(stats)
+            if bar is not None:
+              bar.update(1)
+        for rec, (seconds, ntok) in zip(records, per):
+          rec["times"].append(seconds)
+          rec["tokens"].append(ntok)
+
+  # Figures per setting.
+  results_settings = []
+  for rec in records:
+    tps = [n / t for n, t in zip(rec["tokens"], rec["times"])]
+    median_time = statistics.median(rec["times"])
+    entry = {k: rec[k] for k in ("method", "gamma", "temperature", "top_k", "top_p")}
+    entry.update(rec["stats"].summary())
+    entry.update(
+        tokens_per_s=statistics.median(tps), tokens_per_s_runs=tps, seconds_runs=rec["times"],
+        tokens_per_pass=statistics.median(rec["tokens"]), warmup_s=rec["warmup_s"],
+        compile_s=max(0.0, rec["warmup_s"] - median_time))
+    if rec["method"] == "hf_autoregressive":
+      entry["tokens_per_target_call"] = 1.0  # by definition
+    results_settings.append(entry)
+
+  def find(method, temperature, gamma=None):
+    for e in results_settings:
+      if e["method"] == method and e["temperature"] == temperature and e["gamma"] == gamma:
+        return e
+    return None
+
+  # Cost ratio used for the theory.
+  cost_ratio, source = None, None
+  if config.cost_ratio > 0:
+    cost_ratio, source = float(config.cost_ratio), "config"
+  ar_ratios = {}
+  for t in config.temperatures:
+    ar, dr = find("autoregressive", float(t)), find("draft_autoregressive", float(t))
+    if ar and dr:
+      ar_ratios[float(t)] = ar["tokens_per_s"] / dr["tokens_per_s"]
+  if ar_ratios:
+    cost["cost_ratio_ar"] = statistics.median(ar_ratios.values())
+    cost["cost_ratio_ar_by_temperature"] = {str(k): v for k, v in ar_ratios.items()}
+  if cost_ratio is None:
+    if config.cost_ratio_source == "ar" and "cost_ratio_ar" in cost:
+      cost_ratio, source = cost["cost_ratio_ar"], "ar"
+    elif "cost_ratio" in cost:
+      cost_ratio, source = cost["cost_ratio"], "step"
+  cost["used"], cost["used_source"] = cost_ratio, source
+
+  for e in results_settings:
+    base = find("autoregressive", e["temperature"])
+    e["speedup"] = e["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")
+    hf_base = find("hf_autoregressive", e["temperature"])
+    if e["method"].startswith("hf_") and hf_base:
+      e["speedup_vs_hf_autoregressive"] = e["tokens_per_s"] / hf_base["tokens_per_s"]
+    if e["method"] == "speculative":
+      alpha = e["expected_alpha"]
+      if cost_ratio is not None and alpha == alpha:
+        a = min(max(alpha, 0.0), 1.0)
+        e["theoretical_speedup"] = metrics.expected_speedup(a, e["gamma"], cost_ratio)
+        e["measured_over_theoretical"] = e["speedup"] / e["theoretical_speedup"]
+      if alpha == alpha:
+        e["expected_tokens_per_call"] = metrics.expected_tokens_per_iteration(
+            min(max(alpha, 0.0), 1.0), e["gamma"])
+      hf = find("hf_assisted", e["temperature"], e["gamma"])
+      if hf:
+        e["tokens_per_s_over_hf_assisted"] = e["tokens_per_s"] / hf["tokens_per_s"]
+      ar = find("autoregressive", e["temperature"])
+      if e["temperature"] == 0.0 and ar is not None:
+        e["greedy_match"] = _match(records, e, ar)
+    if e["method"] == "hf_autoregressive" and e["temperature"] == 0.0:
+      ar = find("autoregressive", 0.0)
+      if ar is not None:
+        e["greedy_match_vs_specjax"] = _match(records, e, ar)
+
+  # Optimal gamma by the formula, per temperature (alpha averaged over the gammas run).
+  optimal = {}
+  for t in config.temperatures:
+    alphas = [e["expected_alpha"] for e in results_settings
+              if e["method"] == "speculative" and e["temperature"] == float(t)
+              and e["expected_alpha"] == e["expected_alpha"]]
+    if alphas and cost_ratio is not None:
+      a = min(max(float(np.mean(alphas)), 0.0), 1.0)
+      g = metrics.optimal_gamma(a, cost_ratio, max_gamma=16)
+      optimal[str(float(t))] = {"alpha": a, "gamma": int(g),
+                                "speedup": metrics.expected_speedup(a, int(g), cost_ratio)}
+
+  # Greedy sample text for one prompt.
+  samples = {}
+  i = int(config.sample_prompt)
+  sample_settings = [r for r in records if r["temperature"] == 0.0] or \
+      [r for r in records if r["temperature"] == min(config.temperatures)]
+  if sample_settings:
+    samples = {"prompt_index": i, "prompt": texts[i], "temperature": sample_settings[0]["temperature"],
+               "continuations": {setting_label(r): models.decode(r["outputs"][i])
+                                 for r in sample_settings}}
+
+  results = {
+      "name": config.name,
+      "created": datetime.datetime.now().isoformat(timespec="seconds"),
+      "command": command or "(in-process: experiments.run.run_experiment)",
+      "config": config.to_dict(),
+      "versions": _versions(),
+      "machine": _machine(),
+      "models": {role: {"spec": s.spec, "path": s.path,
+                        "params": int(models.sj[role].config.num_params()),
+                        "layers": models.sj[role].config.num_layers,
+                        "hidden_size": models.sj[role].config.hidden_size,
+                        "vocab_size": s.vocab_size} for role, s in specs.items()},
+      "prompts": {"source": config.prompts, "count": len(texts),
+                  "tokens_min": min(prompt_lengths), "tokens_max": max(prompt_lengths),
+                  "tokens_mean": float(np.mean(prompt_lengths)), "batches": len(batches),
+                  "batch_size": bsz},
+      "cost": cost,
+      "optimal_gamma": optimal,
+      "settings": results_settings,
+      "samples": samples,
+      "wall_s": time.perf_counter() - t_start,
+  }
+  paths = report_lib.write_report(results, config.output_dir, plots=bool(config.plots))
+  results["files"] = paths
+  print(report_lib.format_table(results))
+  print(report_lib.format_samples(results))
+  print(f"\n[run] wrote {', '.join(sorted(os.path.basename(p) for p in paths.values()))} to "
+        f"{config.output_dir} ({results['wall_s']:.0f}s)")
+  return results
+
+
+def _match(records, a: dict, b: dict) -> float:
+  """Fraction of prompts whose warm-up outputs of settings ``a`` and ``b`` are identical."""
+  import numpy as np
+
+  def output(entry):
+    for r in records:
+      if (r["method"], r["gamma"], r["temperature"]) == (entry["method"], entry["gamma"],
+                                                          entry["temperature"]):
+        return r["outputs"]
+    raise KeyError(setting_label(entry))
+
+  return float(np.mean(np.all(output(a) == output(b), axis=1)))
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def command_line(argv) -> str:
+  return "python -m experiments.run " + " ".join(shlex.quote(a) for a in argv[1:])
+
+
+def _parse_flags(argv):
+  """absl's flag parsing, with any error printed as one line (not absl's usage dump)."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    sys.exit(f"error: {_one_line(e)}")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  config = _CONFIG.value
+  if config is None:
+    sys.exit("error: --config is required, e.g. --config=configs/default.py")
+  try:
+    run_experiment(config, command=command_line(sys.argv))
+  except ConfigError as e:
+    sys.exit(f"error: {_one_line(e)}")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,319 @@
+"""Experiment configs for ``experiments/run.py``: defaults, ``get_config(arg)`` overrides, validation.
+
+Config files (``configs/*.py``) start from ``base_config()``, set their fields, and finish with
+``apply_arg(config, arg)`` so that ``--config=configs/x.py:gamma=2,temperature=1`` works for all of
+them. ``validate(config)`` checks everything that can be checked without loading a model, each
+failure a ``ConfigError`` with a one-line message; ``resolve_checkpoints`` then finds the model
+directories and checks their files and vocabularies (it reads only ``config.json``).
+
+This module must stay light to import (no jax): bad configs are refused in well under a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import ml_collections
+
+from experiments import prompts as prompts_lib
+
+# Decoding methods a config may list.
+SPECJAX_METHODS = ("autoregressive", "speculative", "draft_autoregressive")
+HF_METHODS = ("hf_autoregressive", "hf_assisted")  # transformers generate (torch, optional)
+METHODS = SPECJAX_METHODS + HF_METHODS
+COST_RATIO_SOURCES = ("step", "ar")
+
+RANDOM_PREFIX = "random:"
+DEFAULT = "default"
+
+
+class ConfigError(ValueError):
+  """A config problem, reported as one line before any heavy work."""
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every field ``run.py`` reads, with its default."""
+  c = ml_collections.ConfigDict()
+  c.name = "experiment"
+  # Models: "default" (the embedded pair, trained on first use), a local HF checkpoint directory,
+  # or "random:<name>" (tiny random models built in-process; see experiments/random_models.py).
+  c.target = DEFAULT
+  c.draft = DEFAULT
+  c.dtype = "float32"
+  c.tokenizer = ""  # "" -> the target's directory (or bytes for random models); "bytes"; a dir
+  # Prompts: a built-in set (experiments/prompts.py) or a file (.txt one per line, .jsonl, .json).
+  c.prompts = "python"
+  c.num_prompts = 0  # 0 = all
+  c.max_prompt_tokens = 64  # longer prompts keep their last tokens
+  c.add_bos = True  # prepend the tokenizer's BOS (the default pair's document separator)
+  # Methods and sweeps.
+  c.methods = ("autoregressive", "speculative")
+  c.gammas = (1, 2, 3, 4, 6)
+  # Sampling: every method runs at every temperature (0 = greedy); top_k / top_p apply to all.
+  c.temperatures = (0.0, 1.0)
+  c.top_k = 0
+  c.top_p = 1.0
+  c.batch_size = 4
+  c.max_new_tokens = 64
+  c.stop_at_eos = False  # False: every row generates exactly max_new_tokens (cleaner timing)
+  c.repeats = 3
+  c.seed = 0
+  # The draft/target cost ratio c of Leviathan et al.: "step" times one jitted draft step against
+  # one target step at the run's batch size; "ar" uses draft-alone vs target-alone autoregressive
+  # tokens/s (needs "draft_autoregressive" in methods). cost_ratio > 0 overrides both.
+  c.cost_ratio_source = "step"
+  c.cost_ratio = 0.0
+  c.output_dir = "runs/experiment"
+  c.plots = True
+  c.progress = True  # tqdm progress bars (stderr)
+  c.sample_prompt = 0  # index of the prompt whose greedy continuations are printed
+  c.dry_run = False  # validate and print the plan, load nothing
+  return c
+
+
+# ------------------------------------------------------------------------------- get_config(arg)
+
+_ALIASES = {"gamma": "gammas", "temperature": "temperatures", "method": "methods",
+            "batch": "batch_size", "out": "output_dir", "n": "max_new_tokens"}
+
+
+def _parse_scalar(text: str, like: Any, key: str):
+  try:
+    if isinstance(like, bool):
+      if text.lower() in ("1", "true", "yes"):
+        return True
+      if text.lower() in ("0", "false", "no"):
+        return False
+      raise ValueError
+    if isinstance(like, int):
+      return int(text)
+    if isinstance(like, float):
+      return float(text)
+  except ValueError:
+    raise ConfigError(f"config arg {key}={text!r}: expected a {type(like).__name__}") from None
+  return text
+
+
+def _parse_item(text: str):
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text
+
+
+def apply_arg(config: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
+  """Applies ``key=value,key=value`` from the config-file argument (after the ``:``).
+
+  Sweep fields take several values separated by ``/`` or ``+``: ``gammas=1/2/4``; singular
+  aliases set a one-element sweep: ``gamma=2``, ``temperature=1``, ``method=speculative``.
+  """
+  if not arg:
+    return config
+  for part in arg.split(","):
+    part = part.strip()
+    if not part:
+      continue
+    if "=" not in part:
+      raise ConfigError(f"config arg {part!r} is not key=value (e.g. gamma=2,temperature=1)")
+    key, value = (s.strip() for s in part.split("=", 1))
+    key = _ALIASES.get(key, key)
+    if key not in config:
+      raise ConfigError(f"unknown config field {key!r} in config arg {arg!r}; fields: "
+                        f"{', '.join(sorted(config.keys()))}")
+    current = config[key]
+    if isinstance(current, (tuple, list)):
+      items = [v for v in value.replace("+", "/").split("/") if v != ""]
+      config[key] = tuple(_parse_item(v) for v in items)
+    else:
+      config[key] = _parse_scalar(value, current, key)
+  return config
+
+
+# ----------------------------------------------------------------------------------- validation
+
+
+def _is_int(x) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_int(config, name: str, minimum: int) -> None:
+  value = config[name]
+  if not _is_int(value) or value < minimum:
+    raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def validate(config) -> None:
+  """Checks every field that needs no model; raises ``ConfigError`` (one line) on the first bad one."""
+  methods = tuple(config.methods)
+  if not methods:
+    raise ConfigError("methods is empty; give at least one of: " + ", ".join(METHODS))
+  for m in methods:
+    if m not in METHODS:
+      raise ConfigError(f"unknown method {m!r}; known methods: {', '.join(METHODS)}")
+  if len(set(methods)) != len(methods):
+    raise ConfigError(f"methods lists a method twice: {list(methods)}")
+  if any(m in ("speculative", "hf_assisted") for m in methods):
+    if not tuple(config.gammas):
+      raise ConfigError("gammas is empty, but speculative methods need at least one gamma")
+  for g in config.gammas:
+    if not _is_int(g) or g < 1:
+      raise ConfigError(f"gamma must be an integer >= 1, got {g!r}")
+  if len(set(config.gammas)) != len(tuple(config.gammas)):
+    raise ConfigError(f"gammas lists a value twice: {list(config.gammas)}")
+  temps = tuple(config.temperatures)
+  if not temps:
+    raise ConfigError("temperatures is empty; give at least one (0 = greedy)")
+  for t in temps:
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+      raise ConfigError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+  if len(set(float(t) for t in temps)) != len(temps):
+    raise ConfigError(f"temperatures lists a value twice: {list(temps)}")
+  if not _is_int(config.top_k) or config.top_k < 0:
+    raise ConfigError(f"top_k must be an integer >= 0 (0 = off), got {config.top_k!r}")
+  top_p = config.top_p
+  if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+    raise ConfigError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}")
+  for name, minimum in (("batch_size", 1), ("max_new_tokens", 1), ("repeats", 1),
+                        ("max_prompt_tokens", 1), ("num_prompts", 0), ("sample_prompt", 0),
+                        ("seed", 0)):
+    _check_int(config, name, minimum)
+  if config.dtype not in ("float32", "bfloat16"):
+    raise ConfigError(f"dtype must be float32 or bfloat16, got {config.dtype!r}")
+  if config.cost_ratio_source not in COST_RATIO_SOURCES:
+    raise ConfigError(f"cost_ratio_source must be one of {', '.join(COST_RATIO_SOURCES)}, got "
+                      f"{config.cost_ratio_source!r}")
+  if config.cost_ratio_source == "ar" and config.cost_ratio <= 0 and (
+      "draft_autoregressive" not in methods or "autoregressive" not in methods):
+    raise ConfigError("cost_ratio_source='ar' needs both 'autoregressive' and "
+                      "'draft_autoregressive' in methods")
+  if not (isinstance(config.cost_ratio, (int, float)) and math.isfinite(config.cost_ratio)
+          and config.cost_ratio >= 0):
+    raise ConfigError(f"cost_ratio must be >= 0 (0 = measure it), got {config.cost_ratio!r}")
+  if not config.output_dir:
+    raise ConfigError("output_dir is empty")
+  if "hf_assisted" in methods and config.batch_size != 1:
+    raise ConfigError(f"hf_assisted needs batch_size=1 (transformers' assisted generation refuses "
+                      f"batches), got batch_size={config.batch_size}")
+  if any(m in HF_METHODS for m in methods):
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:
+      raise ConfigError("methods hf_autoregressive/hf_assisted need PyTorch, which is not "
+                        "installed: pip install torch (or pip install 'specjax[hf]')")
+  try:
+    prompts_lib.check_source(config.prompts)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if config.tokenizer not in ("", "bytes") and not os.path.isdir(config.tokenizer):
+    raise ConfigError(f"tokenizer directory {config.tokenizer!r} does not exist")
+  for role in ("target", "draft"):
+    spec = config[role]
+    if not isinstance(spec, str) or not spec:
+      raise ConfigError(f"{role} must be 'default', 'random:<name>' or a checkpoint directory, "
+                        f"got {spec!r}")
+    if spec.startswith(RANDOM_PREFIX):
+      from experiments import random_models  # light: no model is built
+      name = spec[len(RANDOM_PREFIX):]
+      if name not in random_models.RANDOM_MODELS:
+        raise ConfigError(f"{role}: unknown random model {name!r}; known: "
+                          f"{', '.join(random_models.RANDOM_MODELS)}")
+
+
+def needs_draft(config) -> bool:
+  return any(m in ("speculative", "draft_autoregressive", "hf_assisted") for m in config.methods)
+
+
+# ---------------------------------------------------------------------------------- checkpoints
+
+
+@dataclasses.dataclass
+class ModelSpec:
+  role: str
+  spec: str  # as configured
+  path: str | None  # checkpoint directory, None for random models
+  random_name: str | None
+  vocab_size: int
+  max_positions: int
+  hf_config: dict
+
+
+def _check_dir(role: str, path: str) -> dict:
+  if not os.path.isdir(path):
+    raise ConfigError(f"{role} checkpoint directory {path} does not exist")
+  config_file = os.path.join(path, "config.json")
+  if not os.path.isfile(config_file):
+    raise ConfigError(f"{role} checkpoint {path} has no config.json")
+  if not (os.path.isfile(os.path.join(path, "model.safetensors"))
+          or os.path.isfile(os.path.join(path, "model.safetensors.index.json"))):
+    raise ConfigError(f"{role} checkpoint {path} has no model.safetensors (nor "
+                      f"model.safetensors.index.json)")
+  try:
+    with open(config_file) as f:
+      hf = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ConfigError(f"{role} checkpoint {config_file} is not valid JSON: {e}") from None
+  if not isinstance(hf.get("vocab_size"), int):
+    raise ConfigError(f"{role} checkpoint {config_file} has no integer vocab_size")
+  return hf
+
+
+def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
+  """{role: ModelSpec} for target (and draft when a method needs it).
+
+  ``"default"`` calls ``experiments.default_pair.ensure_default_pair`` (trains the pair on first
+  use). Checks directories, files and that target and draft share one vocabulary size, reading only
+  ``config.json``.
+  """
+  specs: dict[str, ModelSpec] = {}
+  roles = ("target", "draft") if needs_draft(config) else ("target",)
+  default_dirs = None
+  for role in roles:
+    spec = config[role]
+    if spec.startswith(RANDOM_PREFIX):
+      from experiments import random_models
+      name = spec[len(RANDOM_PREFIX):]
+      mc = random_models.model_config(name)
+      specs[role] = ModelSpec(role, spec, None, name, mc.vocab_size, mc.max_position_embeddings,
+                              {"model_type": mc.model_type, "num_hidden_layers": mc.num_layers,
+                               "hidden_size": mc.hidden_size, "vocab_size": mc.vocab_size})
+      continue
+    if spec == DEFAULT:
+      if default_dirs is None:
+        from experiments import default_pair
+        default_dirs = default_pair.ensure_default_pair(verbose=verbose)
+      path = os.fspath(default_dirs[0 if role == "target" else 1])
+    else:
+      path = os.path.expanduser(spec)
+    hf = _check_dir(role, path)
+    max_pos = hf.get("max_position_embeddings", hf.get("n_positions", 1 << 30))
+    specs[role] = ModelSpec(role, spec, path, None, int(hf["vocab_size"]), int(max_pos), hf)
+  if "draft" in specs and specs["draft"].vocab_size != specs["target"].vocab_size:
+    raise ConfigError(f"vocabulary mismatch: target {specs['target'].spec} has vocab_size "
+                      f"{specs['target'].vocab_size}, draft {specs['draft'].spec} has "
+                      f"{specs['draft'].vocab_size}; target and draft must share one tokenizer")
+  need = config.max_prompt_tokens + config.max_new_tokens + max(tuple(config.gammas) or (0,)) + 2
+  for s in specs.values():
+    if need > s.max_positions:
+      raise ConfigError(f"max_prompt_tokens {config.max_prompt_tokens} + max_new_tokens "
+                        f"{config.max_new_tokens} (+ gamma + 2) = {need} exceeds the {s.role} "
+                        f"model's context of {s.max_positions} positions")
+  if any(m in HF_METHODS for m in config.methods):
+    pass  # random models are written to a temporary checkpoint for transformers (run.py)
+  tok = config.tokenizer
+  if tok not in ("", "bytes"):
+    return specs
+  if tok == "" and specs["target"].path is not None:
+    path = specs["target"].path
+    if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json",
+                                                               "tokenizer_config.json")):
+      raise ConfigError(f"no tokenizer files in {path}: set tokenizer to a tokenizer directory "
+                        f"(or 'bytes' for a 256-token byte vocabulary)")
+  if (tok == "bytes" or specs["target"].path is None) and specs["target"].vocab_size < 256:
+    raise ConfigError(f"the byte tokenizer needs vocab_size >= 256, the target has "
+                      f"{specs['target'].vocab_size}")
+  return specs

@@ -1,0 +1,264 @@
+"""Tests for experiments.train / corpus / default_pair on a few KB of stdlib source and tiny models.
+
+Run: PYTHONPATH=. python -m pytest tests/test_train.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from experiments import corpus as corpus_lib
+from experiments import default_pair
+from experiments import train
+from specjax.models.config import ModelConfig
+from specjax.models.transformer import forward, init_model
+
+_TINY_CONFIG = pathlib.Path(__file__).resolve().parents[1] / "configs" / "train_tiny.py"
+
+
+def tiny_config():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("train_tiny_config", _TINY_CONFIG)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+class _Shared:
+  """Tokenizer and token streams built once for the module (a few KB of text)."""
+  tokenizer = train_stream = val_stream = None
+
+  @classmethod
+  def get(cls):
+    if cls.tokenizer is None:
+      c = tiny_config()
+      corpus = corpus_lib.load_corpus(max_train_bytes=c.corpus.max_train_bytes,
+                                      max_val_bytes=c.corpus.max_val_bytes,
+                                      val_percent=c.corpus.val_percent)
+      cls.tokenizer = corpus_lib.train_tokenizer(corpus.train, c.tokenizer.vocab_size)
+      cls.train_stream = corpus_lib.encode_stream(cls.tokenizer, corpus.train)
+      cls.val_stream = corpus_lib.encode_stream(cls.tokenizer, corpus.val)
+    return cls
+
+
+def _params(model):
+  return jax.tree.map(np.asarray, train._split(model)[1])
+
+
+class CorpusTest(absltest.TestCase):
+
+  def test_split_is_by_file_and_deterministic(self):
+    a = corpus_lib.load_corpus(max_train_bytes=20_000, max_val_bytes=5_000, val_percent=20.0)
+    b = corpus_lib.load_corpus(max_train_bytes=20_000, max_val_bytes=5_000, val_percent=20.0)
+    self.assertEqual(a.train_files, b.train_files)
+    self.assertEqual(a.val_files, b.val_files)
+    self.assertEmpty(set(a.train_files) & set(a.val_files))
+    self.assertLessEqual(a.train_bytes, 20_000)
+    self.assertTrue(all(f.endswith(".py") and "site-packages" not in f for f in a.train_files))
+
+  def test_tokenizer_round_trip_and_autotokenizer(self):
+    from transformers import AutoTokenizer
+    s = _Shared.get()
+    self.assertEqual(len(s.tokenizer), 320)
+    self.assertEqual(s.tokenizer.eos_token_id, 0)
+    with tempfile.TemporaryDirectory() as d:
+      s.tokenizer.save_pretrained(d)
+      tok = AutoTokenizer.from_pretrained(d)
+    text = "def f(x):\n    return x + 1  # é\n"
+    self.assertEqual(tok.decode(tok.encode(text, add_special_tokens=False)), text)
+    self.assertEqual(tok.eos_token, corpus_lib.EOS_TOKEN)
+    self.assertEqual(s.train_stream.dtype, np.int32)
+    self.assertEqual(int((s.train_stream == 0).sum()), s.train_stream.tolist().count(0))
+
+
+class PiecesTest(absltest.TestCase):
+
+  def test_batches_depend_only_on_step(self):
+    stream = np.arange(1000, dtype=np.int32)
+    b = train.Batches(stream, batch_size=4, seq_len=16, seed=3)
+    np.testing.assert_array_equal(b(7), train.Batches(stream, 4, 16, seed=3)(7))
+    self.assertFalse(np.array_equal(b(7), b(8)))
+    x = b(7)
+    self.assertEqual(x.shape, (4, 17))
+    np.testing.assert_array_equal(np.diff(x, axis=1), 1)  # contiguous windows
+
+  def test_learning_rate_schedule(self):
+    cfg = train.train_defaults(steps=100, lr=1e-2, warmup_steps=10, min_lr_ratio=0.1)
+    lrs = [train.learning_rate(cfg, s) for s in range(100)]
+    self.assertAlmostEqual(lrs[0], 1e-3)
+    self.assertAlmostEqual(max(lrs), 1e-2)
+    self.assertAlmostEqual(train.learning_rate(cfg, 100), 1e-3)
+    self.assertTrue(all(a >= b for a, b in zip(lrs[10:], lrs[11:])))
+    # A time budget nearly spent pulls the schedule to its end even at an early step.
+    self.assertAlmostEqual(train.learning_rate(cfg, 20, progress=1.0), 1e-3)
+
+  def test_fast_causal_logits_match_forward(self):
+    config = ModelConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                         intermediate_size=48, max_position_embeddings=64)
+    model = init_model(config, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (2, 11), 0, 50)
+    graphdef, params, rest = train._split(model)
+    fast = jax.jit(train._logits, static_argnums=0)(graphdef, params, rest, tokens)
+    np.testing.assert_allclose(fast, forward(model, tokens), atol=1e-5, rtol=1e-5)
+
+  def test_greedy_agreement_and_kl(self):
+    config = ModelConfig(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2,
+                         intermediate_size=32)
+    a, b = init_model(config, jax.random.key(0)), init_model(config, jax.random.key(1))
+    tokens = np.random.default_rng(0).integers(0, 40, (3, 9))
+    self.assertEqual(train.greedy_agreement(a, a, tokens), 1.0)
+    self.assertAlmostEqual(train.mean_kl(a, a, tokens), 0.0, places=6)
+    ta = np.asarray(jnp.argmax(forward(a, tokens), -1))
+    tb = np.asarray(jnp.argmax(forward(b, tokens), -1))
+    self.assertAlmostEqual(train.greedy_agreement(a, b, tokens), float((ta == tb).mean()))
+
+
+class TrainingTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.s = _Shared.get()
+    cls.config = tiny_config()
+    c = cls.config
+    cls.vocab = len(cls.s.tokenizer)
+    cls.val = train.eval_windows(cls.s.val_stream, c.data.seq_len, c.data.eval_tokens)
+    cls.batches = train.Batches(cls.s.train_stream, c.target.train.batch_size, c.data.seq_len)
+    cls.tmp = tempfile.mkdtemp()
+    # One trained tiny target shared by the tests below (also the teacher for distillation).
+    cls.target_cfg = train.model_config(c.target.model, cls.vocab, c.data.seq_len)
+    cls.target_init = init_model(cls.target_cfg, jax.random.key(0))
+    cls.target_init_loss = train.evaluate(cls.target_init, cls.val)
+    cls.target, cls.target_report = train.train_model(
+        init_model(cls.target_cfg, jax.random.key(0)), c.target.train, cls.batches, cls.val,
+        os.path.join(cls.tmp, "ckpt_target"), name="target")
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.tmp, ignore_errors=True)
+    super().tearDownClass()
+
+  def test_loss_decreases(self):
+    history = self.target_report["history"]
+    self.assertLess(history[-1]["loss"], history[0]["loss"] - 0.3)
+    self.assertLess(self.target_report["val_loss"], self.target_init_loss - 0.3)
+    self.assertEqual(self.target_report["steps"], self.config.target.train.steps)
+
+  def test_resume_from_checkpoint(self):
+    c = self.config
+    ckpt = os.path.join(self.tmp, "ckpt_resume")
+    cfg = train.train_defaults(**dict(c.target.train, steps=12, ckpt_every=100))
+    first, rep1 = train.train_model(init_model(self.target_cfg, jax.random.key(0)), cfg,
+                                    self.batches, None, ckpt, name="first")
+    self.assertEqual(rep1["steps"], 12)
+    # The checkpoint holds exactly the parameters of the first run, at step 12.
+    mngr = train._checkpoint_manager(pathlib.Path(ckpt), cfg)
+    self.assertEqual(mngr.latest_step(), 12)
+    tx = train.make_optimizer(cfg)
+    _, p0, _ = train._split(init_model(self.target_cfg, jax.random.key(5)))
+    step, restored, _, seconds = train.restore_checkpoint(mngr, p0, tx.init(p0))
+    mngr.close()
+    self.assertEqual(step, 12)
+    self.assertGreater(seconds, 0.0)
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, restored),
+                 _params(first))
+    # A second run with more steps continues from step 12 (its own init is overwritten) ...
+    cfg2 = train.train_defaults(**dict(cfg, steps=20))
+    resumed, rep2 = train.train_model(init_model(self.target_cfg, jax.random.key(9)), cfg2,
+                                      self.batches, None, ckpt, name="second")
+    self.assertEqual(rep2["start_step"], 12)
+    self.assertEqual(rep2["steps"], 20)
+    # ... and ends exactly where an uninterrupted 20-step run does (same batches, same state).
+    straight, _ = train.train_model(init_model(self.target_cfg, jax.random.key(0)), cfg2,
+                                    self.batches, None, None, name="straight")
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+                 _params(resumed), _params(straight))
+
+  def test_max_seconds_stops_cleanly(self):
+    cfg = train.train_defaults(**dict(self.config.target.train, steps=1000, max_seconds=1e-3))
+    ckpt = os.path.join(self.tmp, "ckpt_capped")
+    _, rep = train.train_model(init_model(self.target_cfg, jax.random.key(0)), cfg, self.batches,
+                               None, ckpt, name="capped")
+    self.assertTrue(rep["stopped_early"])
+    self.assertEqual(rep["steps"], 1)
+    mngr = train._checkpoint_manager(pathlib.Path(ckpt), cfg)
+    self.assertEqual(mngr.latest_step(), 1)
+    mngr.close()
+
+  def test_export_loads_in_transformers(self):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    out = pathlib.Path(self.tmp) / "hf_target"
+    train.export_model(self.target, self.s.tokenizer, out)
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(str(out))
+    ids = tok.encode("import os\nimport sys\n\ndef main():\n", add_special_tokens=False)
+    self.assertEqual(tok.eos_token_id, 0)
+    with torch.no_grad():
+      hf_logits = hf(torch.tensor([ids])).logits.numpy()
+    np.testing.assert_allclose(hf_logits, np.asarray(forward(self.target, [ids])), atol=1e-4,
+                               rtol=1e-4)
+    self.assertFalse(out.with_name(out.name + ".tmp").exists())
+
+  def test_distillation_reduces_kl(self):
+    c = self.config
+    draft_cfg = train.model_config(c.draft.model, self.vocab, c.data.seq_len)
+    inputs = self.val[:, :-1]
+    before = train.mean_kl(self.target, init_model(draft_cfg, jax.random.key(1)), inputs)
+    cfg = train.train_defaults(**dict(c.draft_distill.train, steps=30))
+    draft, rep = train.train_model(init_model(draft_cfg, jax.random.key(1)), cfg, self.batches,
+                                   self.val, None, teacher=self.target, name="distill")
+    after = train.mean_kl(self.target, draft, inputs)
+    self.assertLess(after, 0.7 * before)
+    self.assertIn("kl", rep["history"][-1])
+    self.assertLess(rep["history"][-1]["kl"], rep["history"][0]["kl"])
+
+
+class DefaultPairTest(absltest.TestCase):
+
+  def test_build_reuse_and_rebuild_incomplete(self):
+    c = tiny_config()
+    c.phases = "target,draft,draft_distill"
+    for phase in ("target", "draft", "draft_distill"):
+      c[phase].train.steps = 6
+    with tempfile.TemporaryDirectory() as cache, \
+        mock.patch.dict(os.environ, {"SPECJAX_CACHE": cache}), \
+        mock.patch.object(default_pair, "default_train_config", return_value=c) as get_config:
+      dest = default_pair.default_pair_dir()
+      self.assertEqual(dest, pathlib.Path(cache) / default_pair.VERSION)
+      # A half-written cache (no marker) must be rebuilt, not used.
+      (dest / "target").mkdir(parents=True)
+      (dest / "target" / "config.json").write_text("{}")
+      self.assertFalse(default_pair.is_complete(dest))
+      target_dir, draft_dir = default_pair.ensure_default_pair(verbose=False)
+      self.assertEqual(get_config.call_count, 1)
+      self.assertTrue(default_pair.is_complete(dest))
+      for d in (target_dir, draft_dir, dest / "draft_data"):
+        for f in default_pair.REQUIRED_FILES:
+          self.assertTrue((d / f).is_file(), d / f)
+      report = json.loads((dest / train.REPORT_FILE).read_text())
+      self.assertEqual(report["default_draft"], "draft_distill")
+      self.assertIn("greedy_agreement", report["agreement"]["draft_distill"])
+      self.assertFalse((dest / "checkpoints").exists())
+      self.assertFalse(dest.with_name(dest.name + ".partial").exists())
+      # Cached: the second call trains nothing.
+      self.assertEqual(default_pair.ensure_default_pair(verbose=False), (target_dir, draft_dir))
+      self.assertEqual(get_config.call_count, 1)
+      # Loads with specjax.
+      from specjax.models.hf import load_model
+      self.assertEqual(load_model(str(draft_dir)).config.num_layers, c.draft.model.num_layers)
+
+
+if __name__ == "__main__":
+  absltest.main()
