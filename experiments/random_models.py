@@ -18,22 +18,17 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-import numpy as np
-from flax import nnx
-
-from specjax.models.config import ModelConfig
-
 VOCAB = 256
 LOGIT_SCALE = 12.0  # multiplies the target's head: logits std ~2 instead of ~0.15
 LATER_LAYER_SCALE = 0.3  # multiplies the output projections of layers >= 1 (see below)
 
-TARGET_CONFIG = ModelConfig(
+# The target's ModelConfig fields (a dict, so that importing this module does not import jax).
+TARGET_FIELDS = dict(
     model_type="llama", vocab_size=VOCAB, hidden_size=64, num_layers=4, num_heads=4,
     num_kv_heads=2, intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
     bos_token_id=0, eos_token_id=0)
 
-# name -> (target config, layers kept by the draft or None for the target itself)
+# name -> layers of the target kept by the model (None: the target itself)
 RANDOM_MODELS = {
     "tiny-target": None,
     "tiny-draft": 1,   # the target's first layer only
@@ -41,9 +36,17 @@ RANDOM_MODELS = {
 }
 
 
-def _scaled_target(seed: int):
+def target_config(**overrides):
+  """The tiny target's ``ModelConfig``; ``overrides`` replace fields (e.g. ``vocab_size=16``)."""
+  from specjax.models.config import ModelConfig
+  return ModelConfig(**{**TARGET_FIELDS, **overrides})
+
+
+def _scaled_target(seed: int, **overrides):
+  import jax
+
   import specjax as sj
-  model = sj.init_model(TARGET_CONFIG, jax.random.key(seed))
+  model = sj.init_model(target_config(**overrides), jax.random.key(seed))
   model.lm_head.set_value(model.lm_head.get_value() * LOGIT_SCALE)
   for layer in list(model.layers)[1:]:
     for kernel in (layer.attn.o.kernel, layer.mlp.down.kernel):
@@ -53,6 +56,9 @@ def _scaled_target(seed: int):
 
 def truncate(target, num_layers: int):
   """A draft made of ``target``'s first ``num_layers`` layers (weights shared by value)."""
+  import jax
+  from flax import nnx
+
   import specjax as sj
   if not 1 <= num_layers <= target.config.num_layers:
     raise ValueError(f"num_layers must be in [1, {target.config.num_layers}], got {num_layers}")
@@ -66,12 +72,13 @@ def truncate(target, num_layers: int):
   return draft
 
 
-def model_config(name: str) -> ModelConfig:
+def model_config(name: str):
   """The ``ModelConfig`` of ``random:<name>`` without building it (for validation)."""
   if name not in RANDOM_MODELS:
     raise ValueError(f"unknown random model {name!r}; known: {', '.join(RANDOM_MODELS)}")
   layers = RANDOM_MODELS[name]
-  return TARGET_CONFIG if layers is None else dataclasses.replace(TARGET_CONFIG, num_layers=layers)
+  config = target_config()
+  return config if layers is None else dataclasses.replace(config, num_layers=layers)
 
 
 def build(name: str, seed: int = 0):
@@ -83,9 +90,10 @@ def build(name: str, seed: int = 0):
   return target if layers is None else truncate(target, layers)
 
 
-def random_pair(seed: int = 0, draft_layers: int = 1):
-  """(target, draft): the tiny random target and its truncated draft."""
-  target = _scaled_target(seed)
+def random_pair(seed: int = 0, draft_layers: int = 1, **overrides):
+  """(target, draft): the tiny random target and its truncated draft. ``overrides`` change the
+  target's config (``vocab_size=16`` for exact-law checks; the byte tokenizer then no longer fits)."""
+  target = _scaled_target(seed, **overrides)
   return target, truncate(target, draft_layers)
 
 
@@ -101,6 +109,7 @@ class ByteTokenizer:
 
   def decode(self, ids, skip_special_tokens: bool = False) -> str:
     del skip_special_tokens
+    import numpy as np
     ids = [int(i) for i in np.asarray(ids).reshape(-1) if 0 <= int(i) < 256]
     return bytes(ids).decode("utf-8", errors="replace")
 

@@ -14,7 +14,8 @@ budget, repeats and the output directory. The run:
 3. measures the draft/target cost ratio c (one jitted decoding step of each, interleaved);
 4. warms up (compiles) every setting (method, gamma, sampling) once, timing it separately;
 5. times ``repeats`` passes with the settings *interleaved* batch by batch (AR, spec g=1, spec g=2,
-   ..., AR, ...), so machine noise hits all of them alike; tokens/s is the median over repeats;
+   ..., AR, ...; the starting setting rotates), so machine noise hits all of them alike;
+   tokens/s is the median over repeats;
 6. prints a table, the greedy continuations of one prompt by AR and speculative decoding, and
    writes ``results.json``, ``report.md`` and PNG plots to ``output_dir``.
 
@@ -109,6 +110,7 @@ class _Models:
       import transformers
     except ImportError as e:  # validate() checked find_spec; this is a broken install
       raise ConfigError(f"hf_* methods need torch and transformers: {e}") from None
+    transformers.logging.set_verbosity_error()  # its per-call deprecation chatter
     import specjax as sj
     dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
     for role, spec in self.specs.items():
@@ -292,7 +294,8 @@ class _StatsSum:
     if stats is None:
       return
     self.n += 1
-    fields = dict(target_calls=stats.target_calls, draft_calls=stats.draft_calls,
+    fields = dict(rows=np.size(stats.generated),
+                  target_calls=stats.target_calls, draft_calls=stats.draft_calls,
                   row_target_calls=np.sum(stats.row_target_calls),
                   generated=np.sum(stats.generated), proposed=np.sum(stats.proposed),
                   accepted=np.sum(stats.accepted), alpha_sum=stats.alpha_sum,
@@ -308,6 +311,7 @@ class _StatsSum:
     nan = float("nan")
     if not self.n:
       return dict(acceptance_rate=nan, expected_alpha=nan, tokens_per_target_call=nan,
+                  tokens_per_iteration=nan,
                   acceptance_by_position=[], target_calls=None, draft_calls=None)
     s = self.sums
     div = lambda a, b: float(a) / float(b) if float(b) else nan
@@ -315,6 +319,9 @@ class _StatsSum:
     return dict(acceptance_rate=div(s["accepted"], s["proposed"]),
                 expected_alpha=div(s["alpha_sum"], s["alpha_count"]),
                 tokens_per_target_call=div(s["generated"], s["row_target_calls"]),
+                # Without the prefill (one call, one token per row): the iterations of Eq. 1.
+                tokens_per_iteration=div(s["generated"] - s["rows"],
+                                         s["row_target_calls"] - s["rows"]),
                 acceptance_by_position=by_pos,
                 target_calls=int(s["target_calls"]) // self.n,
                 draft_calls=int(s["draft_calls"]) // self.n,
@@ -406,7 +413,8 @@ def run_experiment(config, command: str | None = None) -> dict:
       widths = (1,) + tuple(g + 1 for g in config.gammas
                             if any(m == "speculative" for m in config.methods))
       context = int(np.mean(prompt_lengths)) + int(config.max_new_tokens) // 2
-      cache_len = max(prompt_lengths) + int(config.max_new_tokens) + max(config.gammas) + 2
+      cache_len = (max(prompt_lengths) + int(config.max_new_tokens)
+                   + max(tuple(config.gammas) or (0,)) + 2)
       _log(f"[run] measuring the draft/target cost ratio (one decoding step each, batch {bsz}, "
            f"context {context})")
       cost = measure_step_costs(models, bsz, context, cache_len, widths=widths)
@@ -431,13 +439,16 @@ def run_experiment(config, command: str | None = None) -> dict:
             bar.update(1)
         rec["outputs"] = np.concatenate(outs)[:len(prompts)]
 
-    # Timed repeats, interleaved: for each repeat and batch, every setting in turn.
+    # Timed repeats, interleaved: for each repeat and batch, every setting in turn; the starting
+    # setting rotates, so that no setting always runs right after the same neighbour.
     with _progress(int(config.repeats) * len(batches) * len(records), "timed runs",
                    config.progress) as bar:
       for r in range(int(config.repeats)):
         per = [[0.0, 0] for _ in records]
         for b, batch in enumerate(batches):
-          for i, rec in enumerate(records):
+          shift = (r * len(batches) + b) % len(records)
+          for i in [*range(shift, len(records)), *range(shift)]:
+            rec = records[i]
             seconds, tokens, stats = runner(rec, batch, (r + 1, b))
             per[i][0] += seconds
             per[i][1] += int(np.sum(tokens >= 0))
@@ -489,11 +500,20 @@ def run_experiment(config, command: str | None = None) -> dict:
   cost["used"], cost["used_source"] = cost_ratio, source
 
   for e in results_settings:
-    base = find("autoregressive", e["temperature"])
+    # Speedup: vs the same library's autoregressive decoding at the same sampling settings.
+    is_hf = e["method"].startswith("hf_")
+    base = find("hf_autoregressive" if is_hf else "autoregressive", e["temperature"])
     e["speedup"] = e["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")
-    hf_base = find("hf_autoregressive", e["temperature"])
-    if e["method"].startswith("hf_") and hf_base:
-      e["speedup_vs_hf_autoregressive"] = e["tokens_per_s"] / hf_base["tokens_per_s"]
+    # Ours vs transformers: AR vs HF greedy/sampling generate, speculative vs HF assisted.
+    counterpart = {"autoregressive": ("hf_autoregressive", None),
+                   "speculative": ("hf_assisted", e["gamma"])}.get(e["method"])
+    if counterpart and find(counterpart[0], e["temperature"], counterpart[1]):
+      e["tokens_per_s_over_hf"] = e["tokens_per_s"] / find(
+          counterpart[0], e["temperature"], counterpart[1])["tokens_per_s"]
+      if e["method"] == "speculative":
+        e["tokens_per_s_over_hf_assisted"] = e["tokens_per_s_over_hf"]
+    if is_hf and e["temperature"] == 0.0 and find("autoregressive", 0.0) is not None:
+      e["greedy_match_vs_specjax"] = _match(records, e, find("autoregressive", 0.0))
     if e["method"] == "speculative":
       alpha = e["expected_alpha"]
       if cost_ratio is not None and alpha == alpha:
@@ -503,16 +523,9 @@ def run_experiment(config, command: str | None = None) -> dict:
       if alpha == alpha:
         e["expected_tokens_per_call"] = metrics.expected_tokens_per_iteration(
             min(max(alpha, 0.0), 1.0), e["gamma"])
-      hf = find("hf_assisted", e["temperature"], e["gamma"])
-      if hf:
-        e["tokens_per_s_over_hf_assisted"] = e["tokens_per_s"] / hf["tokens_per_s"]
       ar = find("autoregressive", e["temperature"])
       if e["temperature"] == 0.0 and ar is not None:
         e["greedy_match"] = _match(records, e, ar)
-    if e["method"] == "hf_autoregressive" and e["temperature"] == 0.0:
-      ar = find("autoregressive", 0.0)
-      if ar is not None:
-        e["greedy_match_vs_specjax"] = _match(records, e, ar)
 
   # Optimal gamma by the formula, per temperature (alpha averaged over the gammas run).
   optimal = {}
@@ -588,20 +601,41 @@ def command_line(argv) -> str:
   return "python -m experiments.run " + " ".join(shlex.quote(a) for a in argv[1:])
 
 
+def _flag_error_line(e: BaseException) -> str:
+  """One line from a flag-parsing error; for errors raised inside a config file's get_config
+  (which config_flags wraps with the traceback), the exception's own last line."""
+  text = str(e)
+  lines = [l.strip() for l in text.splitlines() if l.strip()]
+  if "Traceback (most recent call last)" in text and lines:
+    last = lines[-1]
+    head, sep, tail = last.partition(": ")
+    return tail if sep and head.rsplit(".", 1)[-1].endswith(("Error", "Exception")) else last
+  return _one_line(text)
+
+
 def _parse_flags(argv):
   """absl's flag parsing, with any error printed as one line (not absl's usage dump)."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
-    sys.exit(f"error: {_one_line(e)}")
+    sys.exit(f"error: {_flag_error_line(e)}")
+  except (AttributeError, KeyError) as e:  # --config.<unknown field>=...
+    bad = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.")]
+    sys.exit(f"error: unknown config field {_one_line(e).strip(chr(34) + chr(39))} (in {', '.join(bad)}); the fields are "
+             f"listed in experiments/runconfig.py:base_config")
 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  config = _CONFIG.value
-  if config is None:
-    sys.exit("error: --config is required, e.g. --config=configs/default.py")
+    sys.exit(f"error: unexpected arguments: {' '.join(argv[1:])} (did you mean --config.x=...?)")
+  try:
+    config = _CONFIG.value
+    if config is None:
+      sys.exit("error: --config is required, e.g. --config=configs/default.py")
+    config.keys()  # config_flags reports a missing/broken config file only on first access
+  except OSError as e:
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    sys.exit(f"error: cannot load the config file: {lines[-1] if lines else e}")
   try:
     run_experiment(config, command=command_line(sys.argv))
   except ConfigError as e:

@@ -149,8 +149,15 @@ def _check_int(config, name: str, minimum: int) -> None:
 
 
 def validate(config) -> None:
-  """Checks every field that needs no model; raises ``ConfigError`` (one line) on the first bad one."""
-  methods = tuple(config.methods)
+  """Checks every field that needs no model; raises ``ConfigError`` (one line) on the first bad one.
+
+  Also normalises ``methods``: ``--config.methods=autoregressive,speculative`` reaches us as one
+  string (ml_collections' tuple parser keeps unquoted words whole), so items are split on commas.
+  """
+  raw = config.methods if isinstance(config.methods, (tuple, list)) else (config.methods,)
+  methods = tuple(p.strip() for m in raw for p in str(m).replace("/", ",").split(",") if p.strip())
+  if methods != tuple(config.methods):
+    config.methods = methods
   if not methods:
     raise ConfigError("methods is empty; give at least one of: " + ", ".join(METHODS))
   for m in methods:
@@ -272,7 +279,9 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
   specs: dict[str, ModelSpec] = {}
   roles = ("target", "draft") if needs_draft(config) else ("target",)
   default_dirs = None
-  for role in roles:
+  # Explicit directories and random models first: a typo there fails before the default pair is
+  # (possibly) trained.
+  for role in sorted(roles, key=lambda r: config[r] == DEFAULT):
     spec = config[role]
     if spec.startswith(RANDOM_PREFIX):
       from experiments import random_models
@@ -292,6 +301,7 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
     hf = _check_dir(role, path)
     max_pos = hf.get("max_position_embeddings", hf.get("n_positions", 1 << 30))
     specs[role] = ModelSpec(role, spec, path, None, int(hf["vocab_size"]), int(max_pos), hf)
+  specs = {role: specs[role] for role in roles}
   if "draft" in specs and specs["draft"].vocab_size != specs["target"].vocab_size:
     raise ConfigError(f"vocabulary mismatch: target {specs['target'].spec} has vocab_size "
                       f"{specs['target'].vocab_size}, draft {specs['draft'].spec} has "
@@ -302,8 +312,6 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
       raise ConfigError(f"max_prompt_tokens {config.max_prompt_tokens} + max_new_tokens "
                         f"{config.max_new_tokens} (+ gamma + 2) = {need} exceeds the {s.role} "
                         f"model's context of {s.max_positions} positions")
-  if any(m in HF_METHODS for m in config.methods):
-    pass  # random models are written to a temporary checkpoint for transformers (run.py)
   tok = config.tokenizer
   if tok not in ("", "bytes"):
     return specs

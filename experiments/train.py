@@ -69,6 +69,8 @@ def _log(msg: str) -> None:
 
 
 def _fmt_seconds(s: float) -> str:
+  if not math.isfinite(s):
+    return "?"
   s = int(round(s))
   return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
@@ -120,6 +122,7 @@ def train_defaults(**overrides):
       grad_clip=1.0,
       time_budget=0.0,      # >0: seconds for the phase (compile included); the lr schedule runs on
                             # max(step / steps, time spent / time_budget) and ends at either limit
+      budget_clock="wall",  # "wall", or "cpu" (process CPU time: load-independent comparisons)
       max_seconds=0.0,      # >0: hard wall-clock cap for this run; stops and saves, resumable
       ckpt_every=200,       # orbax checkpoint interval (steps); also saved at the end
       keep_checkpoints=2,
@@ -429,8 +432,11 @@ def train_model(model: Transformer, train_cfg, batches: Batches, val_windows: np
   t_compiled = None  # wall clock once the first step (with compilation) has finished
   step, ended_by = start, "steps"
 
-  def spent():  # training seconds so far, all runs
-    return prior_seconds + time.time() - t0
+  clock = time.process_time if train_cfg.get("budget_clock", "wall") == "cpu" else time.time
+  c0 = clock()
+
+  def spent():  # training seconds so far (all runs), on the budget's clock
+    return prior_seconds + clock() - c0
 
   def progress():
     p = step / steps

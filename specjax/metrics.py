@@ -110,3 +110,7 @@ def optimal_gamma(alpha, cost_ratio, max_gamma: int = 64):
     speedup = _tokens(a[..., None], gammas) / (gammas * c[..., None] + 1.0)  # [..., m]
     best = np.argmax(speedup, axis=-1) + 1
     return int(best) if best.ndim == 0 else best.astype(np.int64)
+
+
+# The loop's measured counterpart of these closed forms lives with the loop; re-exported here.
+from specjax.decoding.stats import DecodeStats  # noqa: E402,F401  pylint: disable=wrong-import-position

@@ -68,8 +68,11 @@ def _emit(state: LoopState, emitted: jax.Array, num_emitted: jax.Array, eos_ids,
   batch, width = emitted.shape
   generated = state.stats.generated
   j = jnp.arange(width)[None, :]
-  is_eos = jnp.isin(emitted, jnp.asarray(eos_ids, jnp.int32)) & (j < num_emitted[:, None])
-  first_eos = jnp.where(is_eos.any(1), jnp.argmax(is_eos, axis=1), width)
+  if eos_ids:
+    is_eos = jnp.isin(emitted, jnp.asarray(eos_ids, jnp.int32)) & (j < num_emitted[:, None])
+    first_eos = jnp.where(is_eos.any(1), jnp.argmax(is_eos, axis=1), width)
+  else:
+    first_eos = jnp.full((batch,), width)
   count = jnp.minimum(jnp.minimum(num_emitted, first_eos + 1), max_new - generated)
   count = jnp.where(state.done, 0, count)
   cols = jnp.where(j < count[:, None], generated[:, None] + j, state.out.shape[1])  # drop the rest

@@ -1,0 +1,311 @@
+"""The experiment runner (experiments/run.py) end to end on configs/tiny.py, its config overrides,
+its one-line config errors (raised before anything heavy), the config files and the report module."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl.testing import absltest, parameterized
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = ("tiny", "default", "leviathan", "chen", "compare_hf")
+FAIL_FAST_SECONDS = 30  # generous for a loaded machine; a bad config takes ~0.3s when idle
+
+
+def _env():
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  return env
+
+
+def _run(*args, timeout=300):
+  t0 = time.perf_counter()
+  proc = subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=REPO, env=_env(),
+                        capture_output=True, text=True, timeout=timeout)
+  return proc, time.perf_counter() - t0
+
+
+def _load_config_module(name: str):
+  spec = importlib.util.spec_from_file_location(f"cfg_{name}", REPO / "configs" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _fake_checkpoint(path: pathlib.Path, vocab_size: int, weights: bool = True) -> str:
+  """A directory that passes the file checks (config.json, a weights file), never loaded."""
+  path.mkdir(parents=True, exist_ok=True)
+  (path / "config.json").write_text(json.dumps(
+      {"model_type": "llama", "vocab_size": vocab_size, "max_position_embeddings": 512}))
+  if weights:
+    (path / "model.safetensors").write_bytes(b"")
+  return str(path)
+
+
+class EndToEndTest(absltest.TestCase):
+  """One real run: tiny random models, gamma 2 (via the config-file argument), one repeat (via a
+  --config.x override), temperatures 0 and 1."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.TemporaryDirectory()
+    cls.out = pathlib.Path(cls.tmp.name) / "tiny run"  # a space: paths must be quoted right
+    cls.proc, cls.seconds = _run("--config=configs/tiny.py:gamma=2", f"--config.output_dir={cls.out}",
+                                 "--config.repeats=1", "--config.max_new_tokens=12",
+                                 "--config.progress=False")
+    if cls.proc.returncode != 0:
+      raise AssertionError(f"run failed ({cls.proc.returncode}):\n{cls.proc.stdout}\n"
+                           f"{cls.proc.stderr[-4000:]}")
+    cls.results = json.loads((cls.out / "results.json").read_text())
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.tmp.cleanup()
+    super().tearDownClass()
+
+  def test_overrides_applied(self):
+    config = self.results["config"]
+    self.assertEqual(config["gammas"], [2])  # from configs/tiny.py:gamma=2
+    self.assertEqual(config["repeats"], 1)  # from --config.repeats=1
+    self.assertEqual(config["max_new_tokens"], 12)
+    labels = [(e["method"], e["gamma"], e["temperature"]) for e in self.results["settings"]]
+    self.assertEqual(labels, [("autoregressive", None, 0.0), ("speculative", 2, 0.0),
+                              ("autoregressive", None, 1.0), ("speculative", 2, 1.0)])
+
+  def test_results_fields(self):
+    r = self.results
+    for key in ("command", "config", "versions", "machine", "models", "prompts", "cost",
+                "settings", "samples", "wall_s"):
+      self.assertIn(key, r)
+    self.assertIn("--config=configs/tiny.py:gamma=2", r["command"])
+    self.assertIn("jax", r["versions"])
+    self.assertGreater(r["cost"]["target_step_ms"], 0)
+    self.assertGreater(r["cost"]["draft_step_ms"], 0)
+    self.assertEqual(r["cost"]["used_source"], "step")
+    self.assertAlmostEqual(r["cost"]["used"], r["cost"]["cost_ratio"])
+    for e in r["settings"]:
+      self.assertGreater(e["tokens_per_s"], 0)
+      self.assertLen(e["tokens_per_s_runs"], 1)
+      self.assertGreaterEqual(e["compile_s"], 0)
+      self.assertEqual(e["tokens_per_pass"], 4 * 12)  # 4 prompts, no EOS stopping
+      if e["method"] == "autoregressive":
+        self.assertEqual(e["speedup"], 1.0)
+        self.assertEqual(e["tokens_per_target_call"], 1.0)
+      else:
+        self.assertGreater(e["speedup"], 0)
+        self.assertBetween(e["acceptance_rate"], 0.0, 1.0)
+        self.assertBetween(e["expected_alpha"], 0.0, 1.0)
+        self.assertBetween(e["tokens_per_target_call"], 1.0, 3.0)
+        self.assertLen(e["acceptance_by_position"], 2)
+        self.assertGreater(e["theoretical_speedup"], 0)
+        self.assertAlmostEqual(e["measured_over_theoretical"],
+                               e["speedup"] / e["theoretical_speedup"])
+    spec_greedy = [e for e in r["settings"] if e["method"] == "speculative"
+                   and e["temperature"] == 0.0]
+    self.assertEqual(spec_greedy[0]["greedy_match"], 1.0)  # lossless at temperature 0
+
+  def test_report_and_plots(self):
+    report = (self.out / "report.md").read_text()
+    self.assertIn("| T | method | tok/s | speedup |", report)
+    self.assertIn("--config=configs/tiny.py:gamma=2", report)
+    self.assertIn("Leviathan", report)
+    for name in ("speedup_vs_gamma.png", "acceptance_by_position.png",
+                 "measured_vs_theoretical.png"):
+      data = (self.out / name).read_bytes()
+      self.assertTrue(data.startswith(b"\x89PNG"), name)
+      self.assertIn(name, report)
+
+  def test_stdout(self):
+    out = self.proc.stdout
+    self.assertIn("speculative g=2", out)
+    self.assertIn("speedup", out)
+    self.assertIn("speculative == autoregressive: yes", out)
+    self.assertLess(self.seconds, 240)
+
+
+class OverrideTest(absltest.TestCase):
+
+  def test_config_arg_and_flag_overrides_dry_run(self):
+    proc, seconds = _run("--config=configs/tiny.py:gamma=2,temperature=1",
+                         "--config.methods=autoregressive,speculative", "--config.dry_run=True")
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    self.assertEqual(proc.stdout.split("\n")[1:3], ["  autoregressive T=1", "  speculative g=2 T=1"])
+    self.assertLess(seconds, FAIL_FAST_SECONDS)
+
+  def test_get_config_arg(self):
+    config = _load_config_module("tiny").get_config("gammas=1/2/4,temperature=0.5,batch=3,plots=false")
+    self.assertEqual(tuple(config.gammas), (1, 2, 4))
+    self.assertEqual(tuple(config.temperatures), (0.5,))
+    self.assertEqual(config.batch_size, 3)
+    self.assertFalse(config.plots)
+
+
+class ConfigErrorTest(parameterized.TestCase):
+  """Each bad config: non-zero exit, exactly one line on stderr naming the problem, nothing loaded,
+  within seconds."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = tempfile.TemporaryDirectory()
+    root = pathlib.Path(cls.tmp.name)
+    cls.dirs = {"v100": _fake_checkpoint(root / "v100", 100),
+                "v200": _fake_checkpoint(root / "v200", 200),
+                "noweights": _fake_checkpoint(root / "noweights", 100, weights=False)}
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.tmp.cleanup()
+    super().tearDownClass()
+
+  def _args(self, args):
+    return [a.format(**self.dirs) for a in args]
+
+  @parameterized.named_parameters(
+      ("unknown_method", ["--config.methods=autoregressive,medusa"], "unknown method 'medusa'"),
+      ("missing_checkpoint_dir", ["--config.target=/nonexistent/specjax-ckpt"],
+       "target checkpoint directory /nonexistent/specjax-ckpt does not exist"),
+      ("missing_weights", ["--config.target={noweights}", "--config.draft={noweights}"],
+       "has no model.safetensors"),
+      ("gamma_zero_arg", [":gamma=0"], "gamma must be an integer >= 1, got 0"),
+      ("gamma_negative_flag", ["--config.gammas=1,-2"], "gamma must be an integer >= 1, got -2"),
+      ("vocab_mismatch", ["--config.target={v100}", "--config.draft={v200}"],
+       "vocabulary mismatch: target"),
+      ("negative_temperature", ["--config.temperatures=0,-0.5"], "temperature must be"),
+      ("nan_temperature", ["--config.temperatures=nan"], "temperature must be"),
+      ("bad_top_p", ["--config.top_p=1.5"], "top_p must be in (0, 1]"),
+      ("bad_top_k", ["--config.top_k=-1"], "top_k must be an integer >= 0"),
+      ("hf_assisted_batch", ["--config.methods=autoregressive,hf_assisted"],
+       "hf_assisted needs batch_size=1"),
+      ("unknown_arg_field", [":bogus=1"], "unknown config field 'bogus'"),
+      ("unknown_flag_field", ["--config.bogus=1"], "unknown config field"),
+      ("missing_prompts_file", ["--config.prompts=/nonexistent/prompts.txt"],
+       "neither a built-in set"),
+  )
+  def test_error(self, args, message):
+    args = self._args(args)
+    config = "--config=configs/tiny.py"
+    if args and args[0].startswith(":"):
+      config, args = config + args[0], args[1:]
+    proc, seconds = _run(config, *args, "--config.output_dir=/nonexistent/never-written")
+    self.assertNotEqual(proc.returncode, 0)
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    self.assertLen(lines, 1, f"expected one line on stderr, got:\n{proc.stderr}")
+    self.assertTrue(lines[0].startswith("error: "), lines[0])
+    self.assertIn(message, lines[0])
+    self.assertNotIn("[run] loaded", proc.stdout + proc.stderr)
+    self.assertLess(seconds, FAIL_FAST_SECONDS)
+
+  def test_errors_raised_before_jax_is_imported(self):
+    """In-process: run_experiment raises ConfigError without importing jax (nothing is loaded or
+    compiled before validation has passed)."""
+    script = f"""
+import sys
+sys.path.insert(0, {str(REPO)!r})
+import importlib.util
+spec = importlib.util.spec_from_file_location("tiny", {str(REPO / "configs" / "tiny.py")!r})
+tiny = importlib.util.module_from_spec(spec); spec.loader.exec_module(tiny)
+from experiments import run, runconfig
+cases = [dict(methods=("autoregressive", "medusa")), dict(gammas=(0,)), dict(temperatures=(-1.0,)),
+         dict(target="/nonexistent"), dict(target={self.dirs['v100']!r}, draft={self.dirs['v200']!r})]
+for overrides in cases:
+  config = tiny.get_config()
+  config.update(overrides)
+  try:
+    run.run_experiment(config)
+  except runconfig.ConfigError as e:
+    assert "\\n" not in str(e), str(e)
+  else:
+    raise SystemExit("no error for " + repr(overrides))
+print("jax imported:", "jax" in sys.modules)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=_env(), timeout=120)
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    self.assertIn("jax imported: False", proc.stdout)
+
+
+class ConfigFilesTest(parameterized.TestCase):
+
+  @parameterized.parameters(*CONFIGS)
+  def test_config_validates_and_documents_its_command(self, name):
+    from experiments import runconfig
+    if name == "compare_hf" and importlib.util.find_spec("torch") is None:
+      self.skipTest("compare_hf needs torch")
+    module = _load_config_module(name)
+    self.assertIn(f"python -m experiments.run --config=configs/{name}.py", module.__doc__)
+    config = module.get_config()
+    runconfig.validate(config)
+    self.assertEqual(set(config.keys()), set(runconfig.base_config().keys()))
+
+  def test_default_config_shape(self):
+    config = _load_config_module("default").get_config()
+    self.assertEqual(config.target, "default")
+    self.assertIn(0.0, tuple(config.temperatures))
+    self.assertIn(1.0, tuple(config.temperatures))
+    self.assertBetween(config.max_new_tokens, 64, 128)
+
+  def test_chen_and_leviathan(self):
+    chen = _load_config_module("chen").get_config()
+    self.assertEqual(tuple(chen.gammas), (4,))
+    self.assertEqual(chen.top_p, 0.8)
+    lev = _load_config_module("leviathan").get_config("gamma=2,temperature=1")
+    self.assertEqual((tuple(lev.gammas), tuple(lev.temperatures)), ((2,), (1,)))
+
+
+class ReportTest(absltest.TestCase):
+  """The report module on a synthetic results dict (no decoding)."""
+
+  def _results(self):
+    from specjax import metrics
+    settings = []
+    for t in (0.0, 1.0):
+      settings.append(dict(method="autoregressive", gamma=None, temperature=t, top_k=0, top_p=1.0,
+                           tokens_per_s=100.0, speedup=1.0, acceptance_rate=math.nan,
+                           expected_alpha=math.nan, tokens_per_target_call=1.0,
+                           acceptance_by_position=[], compile_s=1.0))
+      for g in (1, 2, 4):
+        a = 0.7 if t else 0.6
+        theory = metrics.expected_speedup(a, g, 0.1)
+        settings.append(dict(method="speculative", gamma=g, temperature=t, top_k=0, top_p=1.0,
+                             tokens_per_s=100.0 * theory * 0.8, speedup=theory * 0.8,
+                             acceptance_rate=a, expected_alpha=a,
+                             tokens_per_target_call=metrics.expected_tokens_per_iteration(a, g),
+                             expected_tokens_per_call=metrics.expected_tokens_per_iteration(a, g),
+                             acceptance_by_position=[a ** (i + 1) for i in range(g)],
+                             theoretical_speedup=theory, measured_over_theoretical=0.8,
+                             compile_s=2.0))
+    return dict(name="synthetic", command="python -m experiments.run --config=x", config={},
+                cost={"used": 0.1, "used_source": "config"}, settings=settings,
+                samples={"prompt_index": 0, "prompt": "def f(", "temperature": 0.0,
+                         "continuations": {"autoregressive T=0": "x)", "speculative g=2 T=0": "x)"}})
+
+  def test_write_report_and_reload(self):
+    from experiments import report
+    results = self._results()
+    with tempfile.TemporaryDirectory() as tmp:
+      paths = report.write_report(results, tmp)
+      self.assertEqual(set(paths), {"results", "report", "speedup", "acceptance", "theory"})
+      for p in paths.values():
+        self.assertGreater(os.path.getsize(p), 100)
+      loaded = report.load_results(paths["results"])  # NaN survives the JSON round trip
+      self.assertTrue(math.isnan(loaded["settings"][0]["acceptance_rate"]))
+      self.assertEqual(report.format_table(loaded), report.format_table(results))
+    table = report.format_table(results)
+    self.assertIn("speculative g=4", table)
+    self.assertIn("meas/theory", table)
+    self.assertIn("speculative == autoregressive: yes", report.format_samples(results))
+
+
+if __name__ == "__main__":
+  absltest.main()
