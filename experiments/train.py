@@ -124,6 +124,7 @@ def train_defaults(**overrides):
                             # max(step / steps, time spent / time_budget) and ends at either limit
       budget_clock="wall",  # "wall", or "cpu" (process CPU time: load-independent comparisons)
       max_seconds=0.0,      # >0: hard wall-clock cap for this run; stops and saves, resumable
+      max_steps_per_run=0,  # >0: stop (and save) after this many steps of this run; resumable
       ckpt_every=200,       # orbax checkpoint interval (steps); also saved at the end
       keep_checkpoints=2,
       log_every=50,
@@ -399,13 +400,15 @@ def train_model(model: Transformer, train_cfg, batches: Batches, val_windows: np
 
   Stops at ``train_cfg.steps``; or when ``train_cfg.time_budget`` seconds (compilation included)
   are spent, in which case the learning-rate schedule was already run to its end on the time axis
-  (see ``learning_rate``); or, as a hard cap, after ``max_seconds`` of this run, with the schedule
-  cut short (``stopped_early``; rerun to continue). A checkpoint is saved every ``ckpt_every``
+  (see ``learning_rate``); or, as a hard cap, after ``max_seconds`` or ``max_steps_per_run`` of
+  this run, with the schedule cut short (``stopped_early``; rerun to continue: without a time
+  budget the resumed run ends bit-identical to an uninterrupted one). A checkpoint is saved every ``ckpt_every``
   steps and at the end. ``teacher`` switches to distillation: ``alpha`` KL(teacher || model) +
   ``(1 - alpha)`` cross-entropy.
   """
   steps = int(train_cfg.steps)
   max_seconds = float(train_cfg.get("max_seconds", 0) or 0)
+  max_steps_per_run = int(train_cfg.get("max_steps_per_run", 0) or 0)
   time_budget = float(train_cfg.get("time_budget", 0) or 0)
   log_every = max(1, int(train_cfg.get("log_every", 50)))
   eval_every = int(train_cfg.get("eval_every", 0) or 0)
@@ -461,7 +464,9 @@ def train_model(model: Transformer, train_cfg, batches: Batches, val_windows: np
     done = step >= steps
     if not done and time_budget and progress() >= 1.0:
       done, ended_by = True, "time_budget"
-    out_of_time = not done and max_seconds and time.time() - t0 >= max_seconds
+    out_of_time = not done and (
+        (max_seconds and time.time() - t0 >= max_seconds)
+        or (max_steps_per_run and step - start >= max_steps_per_run))
     if step % log_every == 0 or done or out_of_time:
       host = jax.device_get(pending)
       pending = []
@@ -487,8 +492,8 @@ def train_model(model: Transformer, train_cfg, batches: Batches, val_windows: np
       save_checkpoint(mngr, step, params, opt_state, spent(), force=bool(done or out_of_time))
     if out_of_time:
       ended_by = "max_seconds"
-      _log(f"{name}: stopping at step {step}: max_seconds={max_seconds:g} reached; rerun to "
-           "continue from the checkpoint")
+      _log(f"{name}: stopping at step {step} (max_seconds / max_steps_per_run reached); rerun "
+           "to continue from the checkpoint")
       break
     if done:
       break

@@ -14,7 +14,7 @@ Conventions:
   convention of ``tests/test_verify.ToyLM`` (``ToyLM.key``), so its enumerators apply unchanged.
 * Entries are log-probabilities; zero-probability tokens are ``-inf`` (``sampling.probabilities``
   maps them to exact zeros at any temperature / top-k / top-p).
-* The "KV cache" stores token ids, exactly, as floats in ``cache.k[0, b, slot, 0, 0]``. New token
+* The "KV cache" stores token ids, exactly, as floats in ``cache.k[0][b, 0, slot, 0]``. New token
   ``i`` sees the committed slots ``< lengths[b]`` followed by the new tokens ``j`` with
   ``tree_mask[i, j]`` (in order), so chains, trees and windows all get the context they should.
   ``depths`` (positions) are ignored: the model is position-free.
@@ -86,10 +86,12 @@ class TabularLM(nnx.Module):
       tree_mask = np.tril(np.ones((t, t), bool))
     mask = jnp.broadcast_to(jnp.asarray(tree_mask, bool), (b, t, t))  # [B, T(query), T(key)]
     lengths = cache.lengths
-    committed = cache.k[0, :, :, 0, 0]  # float32[B, S]; slots < lengths are committed tokens
+    layer0 = cache.k[0]  # [B, kv_heads=1, S, head_dim]
+    committed = layer0[:, 0, :, 0]  # float32[B, S]; slots < lengths are committed tokens
     slots = lengths[:, None] + jnp.arange(t)[None, :]
     rows = jnp.arange(b)[:, None]
-    new_k = cache.k.at[0, rows, slots, 0, 0].set(tokens.astype(cache.k.dtype), mode="drop")
+    new_k = (layer0.at[rows, 0, slots, 0].set(tokens.astype(layer0.dtype), mode="drop"),
+             *cache.k[1:])
 
     # rank[b, i, j]: how many visible new tokens j' >= j query i sees; the m-th last visible new
     # token is the j with mask & rank == m.

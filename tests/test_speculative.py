@@ -137,7 +137,7 @@ class TabularModelTest(parameterized.TestCase):
     np.testing.assert_array_equal(logits[0, 0], table[1, 2, 0])
     np.testing.assert_array_equal(logits[0, 1], table[2, 0, 3])
     np.testing.assert_array_equal(logits[0, 2], table[2, 0, 1])
-    np.testing.assert_array_equal(cache.k[0, 0, :5, 0, 0], [1, 2, 0, 3, 1])  # written at slots
+    np.testing.assert_array_equal(cache.k[0][0, 0, :5, 0], [1, 2, 0, 3, 1])  # written at slots
 
   def test_exact_law_is_a_distribution(self):
     target, _ = tabular_pair("mixed", 0)

@@ -179,8 +179,19 @@ class TrainingTest(absltest.TestCase):
                                       self.batches, None, ckpt, name="second")
     self.assertEqual(rep2["start_step"], 12)
     self.assertEqual(rep2["steps"], 20)
-    # ... and ends exactly where an uninterrupted 20-step run does (same batches, same state).
-    straight, _ = train.train_model(init_model(self.target_cfg, jax.random.key(0)), cfg2,
+    self.assertFalse(np.array_equal(_params(resumed)["embed"], _params(first)["embed"]))
+
+  def test_interrupted_run_resumes_exactly(self):
+    cfg = train.train_defaults(**dict(self.config.target.train, steps=20, ckpt_every=5))
+    ckpt = os.path.join(self.tmp, "ckpt_interrupted")
+    cut = train.train_defaults(**dict(cfg, max_steps_per_run=7))
+    _, rep1 = train.train_model(init_model(self.target_cfg, jax.random.key(0)), cut,
+                                self.batches, None, ckpt, name="interrupted")
+    self.assertEqual((rep1["steps"], rep1["stopped_early"]), (7, True))
+    resumed, rep2 = train.train_model(init_model(self.target_cfg, jax.random.key(3)), cfg,
+                                      self.batches, None, ckpt, name="resumed")
+    self.assertEqual((rep2["start_step"], rep2["steps"]), (7, 20))
+    straight, _ = train.train_model(init_model(self.target_cfg, jax.random.key(0)), cfg,
                                     self.batches, None, None, name="straight")
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
                  _params(resumed), _params(straight))
