@@ -1,14 +1,22 @@
 r"""The embedded default target/draft pair, trained from scratch on first use (no network).
 
 `experiments.default_pair.ensure_default_pair()` builds it into the user cache with these settings;
-to build it by hand:
+to build it by hand (outputs in runs/train_default/):
 
   python -m experiments.train --config=configs/train_default.py
 
-Sized for a 2-core CPU and <= 10 minutes in total (tokenizer, target, draft, evaluation, export):
-each phase has a `time_budget`, and its learning-rate schedule runs on max(step / steps,
-time spent / time_budget), so a slow machine ends the phase on time with a fully decayed schedule
-and a fast one stops at `steps` (then the result does not depend on the machine's speed).
+Target: Llama-style, 4 layers x 256 (4.5M params incl. embeddings), trained 1 layer deep first and
+then grown to 4 layers (experiments/train.py:grow_model). Draft: 1 layer x 128, distilled from the
+target (KL(target || draft) on its full next-token distributions). Vocabulary: 2048-token byte-level
+BPE on the Python standard library's source; 128-token windows.
+
+Sized for a 2-core CPU: about 8.5 minutes for the whole build (data ~10 s, target 2 + 3.5 min,
+draft 2.2 min, ~45 s of evaluation and export), leaving room in a 10-minute first
+`experiments.run` for the decoding itself. Each training stage has a `time_budget` (wall
+seconds, compilation included) and its learning-rate schedule runs on max(step / steps, time spent /
+time_budget), so a slow or busy machine ends every stage on time with a fully decayed schedule,
+while one fast enough to reach `steps` first gets a result that does not depend on its speed.
+To compare with a data-trained draft add it to the phases: --config.phases=target,draft_distill,draft
 """
 
 from experiments.train import base_config, train_defaults
@@ -26,12 +34,17 @@ def get_config(arg=None):
   c.data.seq_len = 128
   c.data.eval_tokens = 16384
   c.target.model.update(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=768)
-  c.target.train = train_defaults(steps=1500, batch_size=16, lr=4e-3, warmup_steps=30,
-                                  time_budget=330.0, ckpt_every=250, log_every=25)
+  c.target.grow_from_layers = 1
+  c.target.grow_train = train_defaults(steps=1500, batch_size=8, lr=3e-3, warmup_steps=20,
+                                       min_lr_ratio=0.3, time_budget=120.0, ckpt_every=250,
+                                       log_every=100)
+  c.target.train = train_defaults(steps=800, batch_size=8, lr=2e-3, warmup_steps=20,
+                                  time_budget=210.0, ckpt_every=200, log_every=50)
   c.draft.model.update(hidden_size=128, num_layers=1, num_heads=2, intermediate_size=384)
-  c.draft.train = train_defaults(steps=1500, batch_size=16, lr=5e-3, warmup_steps=30,
-                                 time_budget=150.0, ckpt_every=250, log_every=25, seed=1)
+  c.draft.train = train_defaults(steps=1500, batch_size=8, lr=3e-3, warmup_steps=20,
+                                 time_budget=130.0, ckpt_every=250, log_every=100, seed=1)
   c.draft_distill.alpha = 1.0
-  c.draft_distill.train = train_defaults(steps=1500, batch_size=16, lr=5e-3, warmup_steps=30,
-                                         time_budget=150.0, ckpt_every=250, log_every=25, seed=1)
+  c.draft_distill.train = train_defaults(steps=1500, batch_size=8, lr=3e-3, warmup_steps=20,
+                                         time_budget=130.0, ckpt_every=250, log_every=100,
+                                         seed=1)
   return c

@@ -15,7 +15,6 @@ from unittest import mock
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from experiments import corpus as corpus_lib
@@ -111,6 +110,18 @@ class PiecesTest(absltest.TestCase):
     graphdef, params, rest = train._split(model)
     fast = jax.jit(train._logits, static_argnums=0)(graphdef, params, rest, tokens)
     np.testing.assert_allclose(fast, forward(model, tokens), atol=1e-5, rtol=1e-5)
+
+  def test_grow_model_preserves_function(self):
+    small_cfg = ModelConfig(vocab_size=50, hidden_size=32, num_layers=1, num_heads=2,
+                            intermediate_size=48)
+    small = init_model(small_cfg, jax.random.key(0))
+    big_cfg = ModelConfig(vocab_size=50, hidden_size=32, num_layers=3, num_heads=2,
+                          intermediate_size=48)
+    big = train.grow_model(small, big_cfg, train.train_defaults(seed=4))
+    tokens = np.random.default_rng(0).integers(0, 50, (2, 7))
+    np.testing.assert_allclose(forward(big, tokens), forward(small, tokens), atol=1e-6)
+    self.assertGreater(float(jnp.abs(big.layers[2].mlp.up.kernel[...]).max()), 0.0)
+    self.assertEqual(float(jnp.abs(big.layers[2].mlp.down.kernel[...]).max()), 0.0)
 
   def test_greedy_agreement_and_kl(self):
     config = ModelConfig(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2,
