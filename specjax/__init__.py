@@ -4,13 +4,9 @@ from specjax.decoding.generate import GenerateOutput, generate
 from specjax.decoding.methods import Autoregressive, Speculative
 from specjax.decoding.stats import DecodeStats
 from specjax.models.config import ModelConfig
+from specjax.models.hf import load_model, load_tokenizer, save_model
 from specjax.models.transformer import Transformer, forward, init_model
 from specjax.sampling import Sampling
-
-try:  # checkpoint I/O (being added)
-  from specjax.models.hf import load_model, load_tokenizer, save_model
-except ImportError:  # pragma: no cover
-  pass
 
 __all__ = [
     "Autoregressive", "DecodeStats", "GenerateOutput", "ModelConfig", "Sampling", "Speculative",

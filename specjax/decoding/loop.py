@@ -10,12 +10,10 @@ therefore depend only on its prompt, its index in the batch and the key, never o
 
 from __future__ import annotations
 
-import functools
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from specjax import sampling as sampling_lib
