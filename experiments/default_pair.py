@@ -3,7 +3,7 @@
 ``ensure_default_pair()`` returns ``(target_dir, draft_dir)``, two Hugging Face-layout checkpoint
 directories (config.json, model.safetensors, tokenizer files) that ``specjax.load_model`` and
 ``transformers`` load. The first call trains them with ``configs/train_default.py`` (tokenizer +
-target + draft on the Python standard library's source; no network; about 10 minutes on 2 CPU
+target + draft on the Python standard library's source; no network; about 8-9 minutes on 2 CPU
 cores) into ``default_pair_dir()``; later calls return the cached directories at once.
 
 Crash safety: the build happens in ``<dir>.partial`` under an exclusive file lock, the marker file
@@ -126,7 +126,7 @@ def ensure_default_pair(verbose: bool = True) -> tuple[pathlib.Path, pathlib.Pat
         shutil.rmtree(dest)
       if verbose:
         print(f"[specjax] training the default target/draft pair into {dest} (first use only; "
-              "about 10 minutes on 2 CPU cores; set $SPECJAX_CACHE to move it)",
+              "about 8-9 minutes on 2 CPU cores; set $SPECJAX_CACHE to move it)",
               file=sys.stderr, flush=True)
       t0 = time.time()
       report = build_pair(dest, verbose=verbose)

@@ -471,9 +471,9 @@ def train_model(model: Transformer, train_cfg, batches: Batches, val_windows: np
   are spent, in which case the learning-rate schedule was already run to its end on the time axis
   (see ``learning_rate``); or, as a hard cap, after ``max_seconds`` or ``max_steps_per_run`` of
   this run, with the schedule cut short (``stopped_early``; rerun to continue: without a time
-  budget the resumed run ends bit-identical to an uninterrupted one). A checkpoint is saved every ``ckpt_every``
-  steps and at the end. ``teacher`` switches to distillation: ``alpha`` KL(teacher || model) +
-  ``(1 - alpha)`` cross-entropy.
+  budget the resumed run ends bit-identical to an uninterrupted one). A checkpoint is saved every
+  ``ckpt_every`` steps and at the end. ``teacher`` switches to distillation: ``alpha``
+  KL(teacher || model) + ``(1 - alpha)`` cross-entropy.
   """
   steps = int(train_cfg.steps)
   max_seconds = float(train_cfg.get("max_seconds", 0) or 0)
@@ -554,7 +554,8 @@ def train_model(model: Transformer, train_cfg, batches: Batches, val_windows: np
       history.append(entry)
       extra = "".join(f" {k} {entry[k]:.3f}" for k in ("kl", "ce", "val_loss") if k in entry)
       _log(f"{name}: step {step}/{steps} loss {entry['loss']:.3f}{extra} lr {lr:.2e} "
-           f"{rate * tokens_per_step:,.0f} tok/s, {_fmt_seconds(now - t0)} elapsed, "
+           f"{f'{rate * tokens_per_step:,.0f}' if rate > 0 else '?'} tok/s, "
+           f"{_fmt_seconds(now - t0)} elapsed, "
            f"ETA {_fmt_seconds(eta)}")
       last_log_time, last_log_step = time.time(), step
     if mngr is not None:
@@ -704,6 +705,11 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
           Batches(train_stream, int(stage_cfg.batch_size), seq_len,
                   seed=int(config.data.seed) + 1000),
           val_windows, out_dir / "checkpoints" / f"{phase}_stage1", name=f"{phase}_stage1")
+      if stage1_report["stopped_early"]:
+        report["phases"][f"{phase}_stage1"] = stage1_report
+        report_path.write_text(json.dumps(report, indent=1))
+        _log(f"{phase}_stage1 stopped early; rerun to continue it")
+        break
       model = grow_model(small, mc, train_cfg)
     else:
       model = initial_model(mc, train_cfg)  # replaced by the checkpoint when resuming
