@@ -172,6 +172,17 @@ def format_samples(results: dict, width: int = 100) -> str:
 # ----------------------------------------------------------------------------------------- plots
 
 
+def _save(fig, out_dir: str, plot: str) -> str:
+  """Writes one figure as ``PLOT_FILES[plot]`` in ``out_dir``, closes it, returns the path."""
+  import matplotlib.pyplot as plt
+
+  path = os.path.join(out_dir, PLOT_FILES[plot])
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
 def make_plots(results: dict, out_dir: str) -> dict[str, str]:
   """Writes the PNG plots (matplotlib, Agg) for the speculative settings; returns {name: path}."""
   import matplotlib
@@ -211,10 +222,7 @@ def make_plots(results: dict, out_dir: str) -> dict[str, str]:
   for ax in (ax1, ax2):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  paths["speedup"] = os.path.join(out_dir, PLOT_FILES["speedup"])
-  fig.savefig(paths["speedup"], dpi=110)
-  plt.close(fig)
+  paths["speedup"] = _save(fig, out_dir, "speedup")
 
   # 2. Acceptance by draft position, one panel per temperature, one line per gamma.
   shown = [t for t in temps if spec[t]]
@@ -236,10 +244,7 @@ def make_plots(results: dict, out_dir: str) -> dict[str, str]:
            title=f"Acceptance by position, T={t:g}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  paths["acceptance"] = os.path.join(out_dir, PLOT_FILES["acceptance"])
-  fig.savefig(paths["acceptance"], dpi=110)
-  plt.close(fig)
+  paths["acceptance"] = _save(fig, out_dir, "acceptance")
 
   # 3. Measured vs theoretical speedup.
   fig, ax = plt.subplots(figsize=(5, 4.6))
@@ -261,10 +266,7 @@ def make_plots(results: dict, out_dir: str) -> dict[str, str]:
          title=f"Measured vs theory (c = {_fmt((results.get('cost') or {}).get('used'), '.3f')})")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  paths["theory"] = os.path.join(out_dir, PLOT_FILES["theory"])
-  fig.savefig(paths["theory"], dpi=110)
-  plt.close(fig)
+  paths["theory"] = _save(fig, out_dir, "theory")
   return paths
 
 
