@@ -6,7 +6,7 @@ r"""Leviathan et al. 2023 (arXiv 2211.17192), Tables 2-3 shape: a gamma sweep at
 For each temperature and gamma: the measured acceptance rate alpha (and E[alpha] = mean of
 sum_x min(p, q)), tokens per target call next to (1 - alpha^(gamma+1)) / (1 - alpha) (Eq. 1), and
 the measured wall-time speedup next to the paper's Theorem 3.8 at the measured alpha and cost ratio
-c. c is measured both ways: one jitted draft step vs one target step, and draft-alone vs
+c. c is measured both ways: draft vs target decoding steps inside a jitted loop, and draft-alone vs
 target-alone autoregressive tokens/s (the draft_autoregressive method); the theory uses the former.
 """
 

@@ -10,7 +10,9 @@ The results dict holds ``settings``: one entry per (method, gamma, temperature) 
 ``tokens_per_s``, ``speedup`` (vs autoregressive at the same sampling), ``acceptance_rate``,
 ``expected_alpha``, ``tokens_per_target_call``, ``acceptance_by_position``,
 ``theoretical_speedup`` (Leviathan et al. 2023, Thm 3.8, at the measured alpha and cost ratio c)
-and ``measured_over_theoretical``; plus ``cost`` (c and the step timings), ``config``,
+and ``measured_over_theoretical``; ``verify_cost`` v (the measured gamma + 1 token verification pass
+in target steps; Thm 3.8 takes v = 1), ``modelled_speedup`` (the formula with that v) and
+``measured_over_modelled``, which isolates the loop's own overhead; plus ``cost`` (c and the step timings), ``config``,
 ``command``, ``versions``, ``machine``, ``models``, ``prompts``, ``samples``.
 """
 
@@ -82,6 +84,8 @@ COLUMNS: list[Column] = [
     ("formula", lambda e: e.get("expected_tokens_per_call"), ".2f", True),
     ("theory", lambda e: e.get("theoretical_speedup"), ".2f", True),
     ("meas/theory", lambda e: e.get("measured_over_theoretical"), ".2f", True),
+    ("v", lambda e: e.get("verify_cost"), ".2f", True),
+    ("meas/model", lambda e: e.get("measured_over_modelled"), ".2f", True),
     ("ours/HF", lambda e: e.get("tokens_per_s_over_hf"), ".2f", True),
     ("greedy=AR", lambda e: e.get("greedy_match", e.get("greedy_match_vs_specjax")), ".2f", True),
     ("compile s", lambda e: e.get("compile_s"), ".1f", False),
@@ -138,7 +142,8 @@ def leviathan_table(results: dict) -> str:
   """Per temperature and gamma: alpha, tokens per call (measured vs Eq. 1), speedup (measured vs
   Thm 3.8) -- the shape of Leviathan et al. 2023, Tables 2-3."""
   header = ["T", "gamma", "accept rate", "E[alpha]", "tok/call", "tok/iteration",
-            "(1-a^(g+1))/(1-a)", "speedup", "theory", "meas/theory"]
+            "(1-a^(g+1))/(1-a)", "speedup", "theory", "meas/theory", "v", "model (c, v)",
+            "meas/model"]
   body = []
   for t in _temperatures(results):
     for e in _spec_rows(results, t):
@@ -146,7 +151,9 @@ def leviathan_table(results: dict) -> str:
                    _fmt(e.get("expected_alpha"), ".3f"), _fmt(e.get("tokens_per_target_call")),
                    _fmt(e.get("tokens_per_iteration")),
                    _fmt(e.get("expected_tokens_per_call")), _fmt(e.get("speedup")),
-                   _fmt(e.get("theoretical_speedup")), _fmt(e.get("measured_over_theoretical"))])
+                   _fmt(e.get("theoretical_speedup")), _fmt(e.get("measured_over_theoretical")),
+                   _fmt(e.get("verify_cost")), _fmt(e.get("modelled_speedup")),
+                   _fmt(e.get("measured_over_modelled"))])
   return _markdown_table(header, body) if body else ""
 
 
@@ -320,7 +327,7 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
   if cost:
     md += ["## Cost ratio", ""]
     if cost.get("target_step_ms") is not None:
-      md.append(f"- one jitted decoding step at batch {cost.get('batch')}, context "
+      md.append(f"- one decoding step (inside a jitted loop) at batch {cost.get('batch')}, context "
                 f"{cost.get('context')}: target {cost['target_step_ms']:.3f} ms"
                 + (f", draft {cost['draft_step_ms']:.3f} ms -> c = {cost['cost_ratio']:.3f}"
                    if cost.get("draft_step_ms") is not None else ""))

@@ -62,8 +62,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.stop_at_eos = False  # False: every row generates exactly max_new_tokens (cleaner timing)
   c.repeats = 3
   c.seed = 0
-  # The draft/target cost ratio c of Leviathan et al.: "step" times one jitted draft step against
-  # one target step at the run's batch size; "ar" uses draft-alone vs target-alone autoregressive
+  # The draft/target cost ratio c of Leviathan et al.: "step" times draft steps against target
+  # steps inside a jitted loop (as in decoding) at the run's batch size; "ar" uses draft-alone vs target-alone autoregressive
   # tokens/s (needs "draft_autoregressive" in methods). cost_ratio > 0 overrides both.
   c.cost_ratio_source = "step"
   c.cost_ratio = 0.0

@@ -4,7 +4,8 @@ With ``alpha`` the expected acceptance rate (E[beta], beta = sum_x min(p(x), q(x
 tokens per iteration and ``c`` the cost of one draft step relative to one target step:
 
 * expected tokens per iteration  ``(1 - alpha^(gamma+1)) / (1 - alpha)``            (Eq. 1)
-* expected wall-time speedup     ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))`` (Thm 3.8)
+* expected wall-time speedup     ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))`` (Thm 3.8;
+  optionally with a verification pass costing ``v`` target steps instead of 1)
 * expected arithmetic operations ``(1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))``
                                                                                     (Thm 3.11)
 * optimal gamma = the integer maximising the speedup.
@@ -72,16 +73,22 @@ def expected_tokens_per_iteration(alpha, gamma):
     return _out(_tokens(_as_alpha(alpha), _as_gamma(gamma)))
 
 
-def expected_speedup(alpha, gamma, cost_ratio):
-    """Expected wall-time improvement factor ``(1 - a^(g+1)) / ((1 - a)(g c + 1))``.
+def expected_speedup(alpha, gamma, cost_ratio, verify_cost=1.0):
+    """Expected wall-time improvement factor ``(1 - a^(g+1)) / ((1 - a)(g c + v))``.
 
     Args:
       alpha: acceptance rate in [0, 1].
       gamma: draft tokens per iteration, integer >= 1.
       cost_ratio: c = time of one draft step / time of one target step, >= 0.
+      verify_cost: v = time of the target's pass over gamma + 1 tokens / time of one target step,
+        > 0. Leviathan's Thm 3.8 assumes v = 1 (a memory-bound target); on a CPU, or at large
+        batch, the wider pass costs more, and the measured v makes the estimate a cost model.
     """
     a, g, c = _as_alpha(alpha), _as_gamma(gamma), _as_cost(cost_ratio, "cost_ratio")
-    return _out(_tokens(a, g) / (g * c + 1.0))
+    v = np.asarray(verify_cost, dtype=np.float64)
+    if not np.all(np.isfinite(v) & (v > 0.0)):
+        raise ValueError(f"verify_cost must be finite and > 0, got {verify_cost!r}")
+    return _out(_tokens(a, g) / (g * c + v))
 
 
 def expected_operations(alpha, gamma, cost_ratio_ops):

@@ -88,6 +88,20 @@ class ValidationTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "cost_ratio_ops must be"):
             metrics.expected_operations(0.5, 2, cost)
 
+    @parameterized.parameters(0.0, -1.0, float("nan"), float("inf"))
+    def test_verify_cost(self, v):
+        with self.assertRaisesRegex(ValueError, "verify_cost must be finite and > 0, got"):
+            metrics.expected_speedup(0.5, 2, 0.1, verify_cost=v)
+
+    def test_verify_cost_generalises_thm_3_8(self):
+        # v = 1 is Leviathan's formula; a verification pass of v target steps divides by g c + v.
+        a, g, c = 0.7, 3, 0.1
+        self.assertEqual(metrics.expected_speedup(a, g, c, verify_cost=1.0),
+                         metrics.expected_speedup(a, g, c))
+        tokens = metrics.expected_tokens_per_iteration(a, g)
+        self.assertAlmostEqual(metrics.expected_speedup(a, g, c, verify_cost=1.6),
+                               tokens / (g * c + 1.6))
+
     def test_max_gamma(self):
         with self.assertRaisesRegex(ValueError, "max_gamma"):
             metrics.optimal_gamma(0.5, 0.1, max_gamma=0)

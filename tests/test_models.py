@@ -397,6 +397,17 @@ class ErrorTest(TempDirTest):
     with self.assertRaisesRegex(ValueError, "unsupported model_type 'bert'"):
       hf_io.load_model(out)
 
+  def test_unsupported_gpt2_attention_options(self):
+    base = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4}
+    for key, value in (("scale_attn_by_inverse_layer_idx", True), ("scale_attn_weights", False)):
+      with self.subTest(key=key):
+        with self.assertRaisesRegex(ValueError,
+                                    f"GPT-2 checkpoints with {key}={value} are not supported"):
+          from_hf_dict(dict(base, **{key: value}))
+    # Precision-only and default-valued options load.
+    from_hf_dict(dict(base, reorder_and_upcast_attn=True,
+                                 scale_attn_by_inverse_layer_idx=False, scale_attn_weights=True))
+
   def test_unsupported_dtype(self):
     with self.assertRaisesRegex(ValueError, "unsupported dtype 'float16'"):
       hf_io.load_model(self.llama_dir, dtype="float16")

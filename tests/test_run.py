@@ -16,7 +16,7 @@ import time
 from absl.testing import absltest, parameterized
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-CONFIGS = ("tiny", "default", "leviathan", "chen", "compare_hf")
+CONFIGS = ("tiny", "default", "leviathan", "chen", "compare_hf", "bench")
 FAIL_FAST_SECONDS = 30  # generous for a loaded machine; a bad config takes ~0.3s when idle
 
 
@@ -83,6 +83,7 @@ class EndToEndTest(absltest.TestCase):
                               ("autoregressive", None, 1.0), ("speculative", 2, 1.0)])
 
   def test_results_fields(self):
+    from specjax import metrics
     r = self.results
     for key in ("command", "config", "versions", "machine", "models", "prompts", "cost",
                 "settings", "samples", "wall_s"):
@@ -110,6 +111,12 @@ class EndToEndTest(absltest.TestCase):
         self.assertGreater(e["theoretical_speedup"], 0)
         self.assertAlmostEqual(e["measured_over_theoretical"],
                                e["speedup"] / e["theoretical_speedup"])
+        v = r["cost"]["target_verify_ms"][str(e["gamma"])] / r["cost"]["target_step_ms"]
+        self.assertAlmostEqual(e["verify_cost"], v)
+        self.assertAlmostEqual(e["modelled_speedup"], metrics.expected_speedup(
+            e["expected_alpha"], e["gamma"], r["cost"]["used"], v))
+        self.assertAlmostEqual(e["measured_over_modelled"], e["speedup"] / e["modelled_speedup"])
+    self.assertEqual(r["cost"]["steps_per_call"], 16)
     spec_greedy = [e for e in r["settings"] if e["method"] == "speculative"
                    and e["temperature"] == 0.0]
     self.assertEqual(spec_greedy[0]["greedy_match"], 1.0)  # lossless at temperature 0

@@ -161,6 +161,11 @@ def from_hf_dict(hf: Mapping[str, Any], dtype: str | None = None) -> ModelConfig
       dtype=dtype,
   )
   if model_type == "gpt2":
+    # Options that change GPT-2's attention scores; reorder_and_upcast_attn only changes precision
+    # (our scores are float32 anyway).
+    for key, plain in (("scale_attn_by_inverse_layer_idx", False), ("scale_attn_weights", True)):
+      if hf.get(key, plain) != plain:
+        raise ValueError(f"GPT-2 checkpoints with {key}={hf[key]!r} are not supported")
     act = hf.get("activation_function", "gelu_new")
     return ModelConfig(
         **common,
