@@ -653,6 +653,9 @@ def _parse_flags(argv):
 def main(argv):
   if len(argv) > 1:
     sys.exit(f"error: unexpected arguments: {' '.join(argv[1:])} (did you mean --config.x=...?)")
+  from absl import logging
+  if not flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint save (default pair) at INFO
+    logging.set_verbosity(logging.WARNING)
   try:
     config = _CONFIG.value
     if config is None:
