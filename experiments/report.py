@@ -11,7 +11,9 @@ The results dict holds ``settings``: one entry per (method, gamma, temperature) 
 ``expected_alpha``, ``tokens_per_target_call``, ``acceptance_by_position``,
 ``theoretical_speedup`` (Leviathan et al. 2023, Thm 3.8, at the measured alpha and cost ratio c)
 and ``measured_over_theoretical``; ``verify_cost`` v (the measured gamma + 1 token verification pass
-in target steps; Thm 3.8 takes v = 1), ``modelled_speedup`` (the formula with that v) and
+in target steps; Thm 3.8 takes v = 1), ``row_utilisation`` (busy rows per loop iteration / batch
+size: a batch iterates until its slowest row is done), ``modelled_speedup`` (the formula with that
+v, times the speculative run's row utilisation over the autoregressive one's) and
 ``measured_over_modelled``, which isolates the loop's own overhead; plus ``cost`` (c and the step timings), ``config``,
 ``command``, ``versions``, ``machine``, ``models``, ``prompts``, ``samples``.
 """
@@ -142,8 +144,8 @@ def leviathan_table(results: dict) -> str:
   """Per temperature and gamma: alpha, tokens per call (measured vs Eq. 1), speedup (measured vs
   Thm 3.8) -- the shape of Leviathan et al. 2023, Tables 2-3."""
   header = ["T", "gamma", "accept rate", "E[alpha]", "tok/call", "tok/iteration",
-            "(1-a^(g+1))/(1-a)", "speedup", "theory", "meas/theory", "v", "model (c, v)",
-            "meas/model"]
+            "(1-a^(g+1))/(1-a)", "speedup", "theory", "meas/theory", "v", "rows busy",
+            "model (c, v, busy)", "meas/model"]
   body = []
   for t in _temperatures(results):
     for e in _spec_rows(results, t):
@@ -152,7 +154,8 @@ def leviathan_table(results: dict) -> str:
                    _fmt(e.get("tokens_per_iteration")),
                    _fmt(e.get("expected_tokens_per_call")), _fmt(e.get("speedup")),
                    _fmt(e.get("theoretical_speedup")), _fmt(e.get("measured_over_theoretical")),
-                   _fmt(e.get("verify_cost")), _fmt(e.get("modelled_speedup")),
+                   _fmt(e.get("verify_cost")), _fmt(e.get("row_utilisation")),
+                   _fmt(e.get("modelled_speedup")),
                    _fmt(e.get("measured_over_modelled"))])
   return _markdown_table(header, body) if body else ""
 
@@ -317,8 +320,9 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
          "Thm 3.8 speedup at E[alpha] and the cost ratio c, which takes the (gamma + 1)-token "
          "verification pass to cost one target step; meas/theory: measured over that (1 = the "
          "formula's ideal); v: the verification pass's measured cost in target steps; "
-         "meas/model: measured over the same formula with that v (what remains is the loop's own "
-         "overhead and, at batch > 1, rows waiting for the slowest one); ours/HF (when transformers ran): specjax tokens/s over "
+         "meas/model: measured over the same formula with that v, times the share of rows kept "
+         "busy (a batch iterates until its slowest row is done; 'rows busy' in the next table), "
+         "so what remains is the loop's own overhead; ours/HF (when transformers ran): specjax tokens/s over "
          "transformers' (autoregressive over greedy/sampling generate, speculative over assisted "
          "generation at the same gamma); hf_* rows' speedup is vs hf_autoregressive; greedy=AR: "
          "fraction of prompts whose greedy tokens equal specjax autoregressive's; compile s: first "

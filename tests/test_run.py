@@ -113,8 +113,12 @@ class EndToEndTest(absltest.TestCase):
                                e["speedup"] / e["theoretical_speedup"])
         v = r["cost"]["target_verify_ms"][str(e["gamma"])] / r["cost"]["target_step_ms"]
         self.assertAlmostEqual(e["verify_cost"], v)
+        ar = [x for x in r["settings"] if x["method"] == "autoregressive"
+              and x["temperature"] == e["temperature"]][0]
+        self.assertEqual(ar["row_utilisation"], 1.0)  # no EOS stopping: every row always busy
+        self.assertBetween(e["row_utilisation"], 0.5, 1.0)
         self.assertAlmostEqual(e["modelled_speedup"], metrics.expected_speedup(
-            e["expected_alpha"], e["gamma"], r["cost"]["used"], v))
+            e["expected_alpha"], e["gamma"], r["cost"]["used"], v) * e["row_utilisation"])
         self.assertAlmostEqual(e["measured_over_modelled"], e["speedup"] / e["modelled_speedup"])
     self.assertEqual(r["cost"]["steps_per_call"], 16)
     spec_greedy = [e for e in r["settings"] if e["method"] == "speculative"
