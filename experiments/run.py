@@ -430,7 +430,8 @@ def run_experiment(config, command: str | None = None) -> dict:
          f"{max(prompt_lengths)} tokens; {len(batches)} batches of {bsz}; {len(settings)} settings; "
          f"{config.repeats} repeats")
 
-    # The cost ratio c: one draft step vs one target step, inside a jitted loop, at the run's batch size.
+    # The cost ratio c: one draft step vs one target step, inside a jitted loop, at the run's
+    # batch size.
     cost: dict[str, Any] = {}
     if "draft" in models.sj:
       widths = (1,) + tuple(g + 1 for g in config.gammas
@@ -438,8 +439,8 @@ def run_experiment(config, command: str | None = None) -> dict:
       context = int(np.mean(prompt_lengths)) + int(config.max_new_tokens) // 2
       cache_len = (max(prompt_lengths) + int(config.max_new_tokens)
                    + max(tuple(config.gammas) or (0,)) + 2)
-      _log(f"[run] measuring the draft/target cost ratio (decoding steps in a jitted loop, batch {bsz}, "
-           f"context {context})")
+      _log(f"[run] measuring the draft/target cost ratio (decoding steps in a jitted loop, "
+           f"batch {bsz}, context {context})")
       cost = measure_step_costs(models, bsz, context, cache_len, widths=widths)
       _log(f"[run]   target step {cost['target_step_ms']:.3f} ms, draft step "
            f"{cost['draft_step_ms']:.3f} ms: c = {cost['cost_ratio']:.3f}")

@@ -63,8 +63,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.repeats = 3
   c.seed = 0
   # The draft/target cost ratio c of Leviathan et al.: "step" times draft steps against target
-  # steps inside a jitted loop (as in decoding) at the run's batch size; "ar" uses draft-alone vs target-alone autoregressive
-  # tokens/s (needs "draft_autoregressive" in methods). cost_ratio > 0 overrides both.
+  # steps inside a jitted loop (as in decoding) at the run's batch size; "ar" uses draft-alone vs
+  # target-alone autoregressive tokens/s (needs "draft_autoregressive" in methods). cost_ratio > 0
+  # overrides both.
   c.cost_ratio_source = "step"
   c.cost_ratio = 0.0
   c.output_dir = "runs/experiment"
