@@ -15,7 +15,8 @@ in target steps; Thm 3.8 takes v = 1), ``row_utilisation`` (busy rows per loop i
 size: a batch iterates until its slowest row is done), ``modelled_speedup`` (the formula with that
 v, times the speculative run's row utilisation over the autoregressive one's) and
 ``measured_over_modelled``, which isolates the loop's own overhead; plus ``cost`` (c and the
-step timings), ``config``, ``command``, ``versions``, ``machine``, ``models``, ``prompts``, ``samples``.
+step timings), ``config``, ``command``, ``versions``, ``machine``, ``models``, ``prompts``,
+``samples``.
 """
 
 from __future__ import annotations
@@ -317,14 +318,16 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
          "temperature; accept: accepted / proposed draft tokens; E[alpha]: mean of "
          "sum_x min(p, q) over verified positions; tok/call: tokens per target forward (prefill "
          "included; tok/iteration in the next table leaves the prefill out); formula: "
-         "(1 - a^(g+1)) / (1 - a) at a = E[alpha]; theory: Leviathan et al. Thm 3.8 speedup at E[alpha] and the cost ratio c, which takes the (gamma + 1)-token "
-         "verification pass to cost one target step; meas/theory: measured over that (1 = the "
+         "(1 - a^(g+1)) / (1 - a) at a = E[alpha]; theory: Leviathan et al. Thm 3.8 speedup at "
+         "E[alpha] and the cost ratio c, which takes the (gamma + 1)-token verification pass to "
+         "cost one target step; meas/theory: measured over that (1 = the "
          "formula's ideal); v: the verification pass's measured cost in target steps; "
          "meas/model: measured over the same formula with that v, times the share of rows kept "
          "busy (a batch iterates until its slowest row is done; 'rows busy' in the next table), "
          "so what remains is the loop's own overhead; ours/HF (when transformers ran): specjax "
          "tokens/s over transformers' (autoregressive over greedy/sampling generate, "
-         "speculative over assisted generation at the same gamma); hf_* rows' speedup is vs hf_autoregressive; greedy=AR: "
+         "speculative over assisted generation at the same gamma); hf_* rows' speedup is vs "
+         "hf_autoregressive; greedy=AR: "
          "fraction of prompts whose greedy tokens equal specjax autoregressive's; compile s: first "
          "call minus a timed one.", "",
          _markdown_table(header, body), ""]

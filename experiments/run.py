@@ -150,11 +150,12 @@ def _steps_fn():
   def steps(graphdef, state, tokens, cache, k):
     """``k`` forward steps in one ``fori_loop``, each writing at the same cache slots and feeding
     its argmax to the next (a data dependence, as in decoding): per-step cost without dispatch."""
+    model = nnx.merge(graphdef, state)
     lengths = cache.lengths
 
     def body(_, carry):
       tokens, cache = carry
-      logits, cache = nnx.merge(graphdef, state)(tokens, cache.with_lengths(lengths))
+      logits, cache = model(tokens, cache.with_lengths(lengths))
       nxt = jnp.argmax(logits[:, -1], axis=-1).astype(tokens.dtype)
       return jnp.broadcast_to(nxt[:, None], tokens.shape), cache
 
@@ -663,7 +664,7 @@ def main(argv):
   if len(argv) > 1:
     sys.exit(f"error: unexpected arguments: {' '.join(argv[1:])} (did you mean --config.x=...?)")
   from absl import logging
-  if not flags.FLAGS["verbosity"].present:  # orbax logs every checkpoint save (default pair) at INFO
+  if not flags.FLAGS["verbosity"].present:  # orbax logs each checkpoint save at INFO
     logging.set_verbosity(logging.WARNING)
   try:
     config = _CONFIG.value

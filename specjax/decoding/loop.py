@@ -10,7 +10,6 @@ therefore depend only on its prompt, its index in the batch and the key, never o
 
 from __future__ import annotations
 
-
 import flax.struct
 import jax
 import jax.numpy as jnp
