@@ -77,7 +77,7 @@ class TabularLM(nnx.Module):
     v = self.config.vocab_size
     return np.asarray(self.table[...]).reshape((v + 1,) * self.context + (v,))
 
-  def __call__(self, tokens, cache, tree_mask=None, depths=None):
+  def __call__(self, tokens, cache, tree_mask=None, depths=None, logits_at=None):
     del depths  # position-free
     b, t = tokens.shape
     k, v = self.context, self.config.vocab_size
@@ -105,6 +105,8 @@ class TabularLM(nnx.Module):
       from_cache = jnp.where(slot >= 0, from_cache.astype(jnp.int32), v)  # START before slot 0
       index = index * (v + 1) + jnp.where(m <= count, from_new, from_cache)
     logits = jnp.take(self.table[...], index, axis=0)  # float32[B, T, V]
+    if logits_at is not None:
+      logits = logits[:, logits_at][:, None]
     return logits, cache.replace(k=new_k)
 
 

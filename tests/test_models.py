@@ -12,6 +12,7 @@ import shutil
 import tempfile
 
 from absl.testing import absltest, parameterized
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -284,6 +285,17 @@ class CacheConsistencyTest(parameterized.TestCase):
 
   MAX_LEN = 32
 
+  def test_logits_at_one_token(self):
+    model, _ = _loaded("llama")
+    tokens = jnp.asarray(_tokens(shape=(BATCH, 5)))
+    cache = init_cache(model.config, BATCH, self.MAX_LEN).with_lengths(jnp.array([0, 3]))
+    full, full_cache = model(tokens, cache)
+    for i in (0, 3, -1):
+      one, one_cache = model(tokens, cache, logits_at=i)
+      chex.assert_shape(one, (BATCH, 1, model.config.vocab_size))
+      np.testing.assert_allclose(one[:, 0], full[:, i], rtol=CACHE_TOL, atol=CACHE_TOL)
+      chex.assert_trees_all_close(one_cache, full_cache)
+
   @parameterized.named_parameters(("llama", "llama"), ("gpt2", "gpt2"), ("mistral", "mistral"))
   def test_prefill_then_steps_with_ragged_lengths(self, name):
     model, _ = _loaded(name)
@@ -348,6 +360,40 @@ class CacheConsistencyTest(parameterized.TestCase):
       got = tree_logits[b, i] if kind == "tree" else step_logits[b, 0]
       np.testing.assert_allclose(np.asarray(got), ref[r, len(chains[r]) - 1], atol=CACHE_TOL,
                                  rtol=0, err_msg=f"{kind} row {b} node {i}")
+
+
+def _while_bodies(hlo: str) -> list[str]:
+  """The text of every while-loop body computation in optimized HLO text."""
+  names = set(re.findall(r"body=(%[\w.\-]+)", hlo))
+  blocks = re.split(r"\n(?=\S)", hlo)  # computations start at column 0
+  return [b for b in blocks if b.split(" ", 1)[0] in names]
+
+
+class CacheInPlaceTest(absltest.TestCase):
+  """The decoding loop updates each layer's KV buffer in place: no copy of a whole buffer per step
+  (reading the cache before writing the new entries made XLA copy every buffer twice per step)."""
+
+  def test_speculative_loop_has_no_cache_copies(self):
+    from specjax.decoding import loop
+    from specjax.sampling import Sampling
+
+    model, _ = _loaded("llama")
+    graphdef, state = nnx.split(model)
+    batch, width, max_new, gamma = 2, 8, 8, 3
+    cache_length = width + max_new + gamma + 1
+    c = model.config
+    buffer = f"f32[{batch},{c.num_kv_heads},{cache_length},{c.head_dim}]"
+    for sampling in (Sampling(temperature=0.0), Sampling(temperature=1.0)):
+      hlo = loop.decode_jit.lower(
+          graphdef, state, graphdef, state, jnp.ones((batch, width), jnp.int32),
+          jnp.full((batch,), width, jnp.int32), jax.random.key(0), gamma=gamma, sampling=sampling,
+          max_new_tokens=max_new, eos_ids=(), cache_length=cache_length).compile().as_text()
+      bodies = _while_bodies(hlo)
+      self.assertGreaterEqual(len(bodies), 2)  # the decoding loop and the draft's scan
+      for body in bodies:
+        copies = re.findall(re.escape(buffer) + r"\{[\d,]*\} copy\(", body)
+        self.assertEqual(copies, [], f"a whole KV buffer is copied inside a loop ({sampling})")
+      self.assertIn(buffer, "\n".join(bodies))  # the pattern does match the buffers
 
 
 class ErrorTest(TempDirTest):

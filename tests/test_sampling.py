@@ -195,6 +195,29 @@ class StatisticalTest(absltest.TestCase):
         self.assertLess(stats_util.chi_square_pvalue(counts, other), P_FLOOR)
 
 
+    def test_sample_from_probs_by_blocks(self):
+        # V = 37 pads to 7 blocks of 6; block 1 has no mass, block 6 holds one token; tiny
+        # unnormalised masses (x 1e-20) so that only ratios matter.
+        rng = np.random.default_rng(7)
+        probs = rng.gamma(0.3, size=37) * (rng.random(37) < 0.7)
+        probs[6:12] = 0.0
+        probs[36] = 0.3 * probs.sum()
+        probs = (probs * 1e-20).astype(np.float32)
+        draw = jax.jit(jax.vmap(S.sample_from_probs, (0, None)))
+        keys = jax.random.split(jax.random.key(8), N_DRAWS)
+        counts = np.bincount(np.asarray(draw(keys, jnp.asarray(probs))), minlength=37)
+        self.assertEqual(counts[probs == 0].sum(), 0)
+        self.assertGreater(stats_util.chi_square_pvalue(counts, probs), P_FLOOR)
+        # Negative control: the same two draws with every block given equal mass (the bug of
+        # drawing the block without its mass) is rejected.
+        blocks = np.pad(probs.astype(np.float64), (0, 5)).reshape(7, 6)
+        equal = np.where(blocks.sum(1, keepdims=True) > 0,
+                         blocks / np.maximum(blocks.sum(1, keepdims=True), 1e-300), 0)
+        wrong = np.bincount(np.asarray(draw(keys, jnp.asarray(equal.ravel()[:37], jnp.float32))),
+                            minlength=37)
+        self.assertLess(stats_util.chi_square_pvalue(wrong, probs), P_FLOOR)
+
+
 class ChiSquareHelperTest(absltest.TestCase):
 
     def test_exact_fit_zero_bins_and_merging(self):

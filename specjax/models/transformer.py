@@ -85,24 +85,29 @@ def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return (x * cos + rotated * sin).astype(x.dtype)
 
 
-# With 2 to this many query rows per kv head (T new tokens x query groups), attention over the
-# cache is written as broadcast-multiply-reduce instead of a batched matmul: one fused pass over
-# the cache, where XLA:CPU would otherwise run B * kv_heads tiny matmuls (measured inside a jitted
-# decoding loop: up to 1.4x faster per step at batch 8 with 3 query groups). A single query row is
-# a matrix-vector product, which XLA does best as a dot (broadcast-reduce measured 2.5-5x slower
-# per step there). Both forms are the same sum; longer queries (prefill) use einsum.
-_SMALL_QUERY = 16
+# Attention over the cache for up to this many new tokens runs one dot per token: a decoding step
+# or a verification pass is then a few matrix-vector products (or G-row products with G query
+# heads per kv head), which XLA:CPU runs far faster than one batched [T, D] x [D, S] matmul or a
+# broadcast-multiply-reduce (measured in a jitted decoding loop, default target at batch 4:
+# 1.6x faster than broadcast-reduce for 2-5 new tokens, which was itself faster than the batched
+# matmul). Longer queries (prefill) use one einsum. All forms are the same sum.
+_PER_TOKEN_MAX = 16
 
 
-def _contract(a: jax.Array, b: jax.Array, spec: str, small: bool) -> jax.Array:
-  if not small:
-    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-  if spec == "btkgd,bksd->bkgts":  # scores: sum over head_dim
-    prod = jnp.transpose(a, (0, 2, 3, 1, 4))[:, :, :, :, None, :] * b[:, :, None, None, :, :]
-    return jnp.sum(prod.astype(jnp.float32), axis=-1)
-  # "bkgts,bksd->btkgd": weighted sum of values over slots
-  prod = a[..., None].astype(b.dtype) * b[:, :, None, None, :, :]  # [B, K, G, T, S, D]
-  return jnp.transpose(jnp.sum(prod, axis=-2), (0, 3, 1, 2, 4))
+def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
+  """q: [B, T, KVH, G, D], k: [B, KVH, S, D] -> float32[B, KVH, G, T, S]."""
+  if q.shape[1] > _PER_TOKEN_MAX:
+    return jnp.einsum("btkgd,bksd->bkgts", q, k).astype(jnp.float32)
+  return jnp.stack([jnp.einsum("bkgd,bksd->bkgs", q[:, i], k).astype(jnp.float32)
+                    for i in range(q.shape[1])], axis=3)
+
+
+def _weighted_values(probs: jax.Array, v: jax.Array) -> jax.Array:
+  """probs: [B, KVH, G, T, S], v: [B, KVH, S, D] -> [B, T, KVH, G, D]."""
+  if probs.shape[3] > _PER_TOKEN_MAX:
+    return jnp.einsum("bkgts,bksd->btkgd", probs, v)
+  return jnp.stack([jnp.einsum("bkgs,bksd->bkgd", probs[:, :, :, i], v)
+                    for i in range(probs.shape[3])], axis=1)
 
 
 class Attention(nnx.Module):
@@ -118,13 +123,14 @@ class Attention(nnx.Module):
     self.o = Dense(rngs, c.num_heads * c.head_dim, c.hidden_size, ("heads", "embed"),
                    c.attention_out_bias, dtype)
 
-  def __call__(self, x, rope, layer_k, layer_v, cache_mask, new_mask):
-    """Attention of T new tokens over the committed cache entries and over each other.
+  def __call__(self, x, rope, layer_k, layer_v, write, mask):
+    """Attention of T new tokens over the cache, after writing their keys/values into it.
 
-    x: [B, T, E]; layer_k/v: [B, KVH, S, D] this layer's cache (read only); cache_mask:
-    bool[B, T, S]; new_mask: bool[B, T, T]. Returns (out [B, T, E], new keys and values
-    [B, T, KVH, D]); the caller writes those into the cache once for all layers, which keeps the
-    cache update a single in-place scatter per forward.
+    x: [B, T, E]; layer_k/v: [B, KVH, S, D] this layer's cache; write: stores [B, T, KVH, D] at
+    the rows' scratch slots; mask: bool[B, T, S], which slots each new token sees. Returns
+    (out [B, T, E], updated layer_k, layer_v). Writing before reading lets XLA update the cache
+    in place: read-then-write forced two full copies of every layer's buffer per step (measured
+    3.5x slower attention steps on CPU at batch 8).
     """
     b, t, _ = x.shape
     q = self.q(x).reshape(b, t, self.num_heads, self.head_dim)
@@ -133,20 +139,16 @@ class Attention(nnx.Module):
     if rope is not None:
       cos, sin = rope
       q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    layer_k, layer_v = write(layer_k, k), write(layer_v, v)
     groups = self.num_heads // self.num_kv_heads
     q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
-    small = 1 < t * groups <= _SMALL_QUERY
-    scores = jnp.concatenate([
-        _contract(q, layer_k.astype(k.dtype), "btkgd,bksd->bkgts", small),
-        jnp.einsum("btkgd,bjkd->bkgtj", q, k, preferred_element_type=jnp.float32)], axis=-1)
-    scores = scores * (self.head_dim ** -0.5)
-    mask = jnp.concatenate([cache_mask, new_mask], axis=-1)  # [B, T, S + T]
-    scores = jnp.where(mask[:, None, None], scores, _MASKED)
+    # Scores in the model's dtype, as Hugging Face computes them (XLA:CPU also has no bf16 x bf16
+    # -> f32 batched dot); softmax in float32.
+    scores = _scores(q, layer_k.astype(q.dtype))
+    scores = jnp.where(mask[:, None, None], scores * (self.head_dim ** -0.5), _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    s = layer_k.shape[2]
-    out = (_contract(probs[..., :s], layer_v.astype(v.dtype), "bkgts,bksd->btkgd", small) +
-           jnp.einsum("bkgtj,bjkd->btkgd", probs[..., s:], v))
-    return self.o(out.reshape(b, t, -1)), k, v
+    out = _weighted_values(probs, layer_v.astype(x.dtype))
+    return self.o(out.reshape(b, t, -1)), layer_k, layer_v
 
 
 class MLP(nnx.Module):
@@ -171,10 +173,10 @@ class Block(nnx.Module):
     self.mlp_norm = Norm(config, dtype)
     self.mlp = MLP(config, rngs, dtype)
 
-  def __call__(self, x, rope, layer_k, layer_v, cache_mask, new_mask):
-    h, k, v = self.attn(self.attn_norm(x), rope, layer_k, layer_v, cache_mask, new_mask)
+  def __call__(self, x, rope, layer_k, layer_v, write, mask):
+    h, layer_k, layer_v = self.attn(self.attn_norm(x), rope, layer_k, layer_v, write, mask)
     x = x + h
-    return x + self.mlp(self.mlp_norm(x)), k, v
+    return x + self.mlp(self.mlp_norm(x)), layer_k, layer_v
 
 
 def causal_mask(t: int) -> np.ndarray:
@@ -207,6 +209,7 @@ class Transformer(nnx.Module):
       cache: KVCache,
       tree_mask: jax.Array | np.ndarray | None = None,
       depths: jax.Array | np.ndarray | None = None,
+      logits_at: int | None = None,
   ) -> tuple[jax.Array, KVCache]:
     """Scores ``T`` new tokens per row against the cache.
 
@@ -218,9 +221,12 @@ class Transformer(nnx.Module):
         (must include i itself). Default: causal (a chain).
       depths: int32[T] or int32[B, T]; token i is at position ``lengths + depths[i]``.
         Default: ``arange(T)``.
+      logits_at: static index of the one new token whose logits are wanted; the vocabulary
+        projection (the largest matmul of a small model) then runs for that token only.
 
     Returns:
-      (float32[B, T, V] logits, cache with the new entries written).
+      (float32[B, T, V] logits, or float32[B, 1, V] with ``logits_at``; the cache with the new
+      entries written).
     """
     c = self.config
     b, t = tokens.shape
@@ -234,14 +240,24 @@ class Transformer(nnx.Module):
     lengths = cache.lengths
     positions = lengths[:, None] + depths  # [B, T]
 
-    # New token i sees the row's committed slots and the new tokens j with tree_mask[i, j].
-    slots = jnp.arange(s, dtype=jnp.int32)[None, :]  # [1, S]; slot s holds position s
-    cache_mask = jnp.broadcast_to((slots < lengths[:, None])[:, None, :], (b, t, s))
+    # New token j is written at slot lengths + j (scratch slots past the cache end are dropped:
+    # callers size the cache so that live rows never get there). New token i sees the row's
+    # committed slots and the new tokens j with tree_mask[i, j].
+    slots = jnp.arange(s, dtype=jnp.int32)[None, :]  # [1, S]; a committed slot s holds position s
+    offset = slots - lengths[:, None]  # [B, S]: which new token a scratch slot holds
+    is_new = (offset >= 0) & (offset < t)
+    committed = jnp.broadcast_to((offset < 0)[:, None, :], (b, t, s))
     new_mask = tree_mask
     if c.sliding_window is not None:
       horizon = positions[:, :, None] - c.sliding_window  # keys must be at a position > horizon
-      cache_mask &= slots[:, None, :] > horizon
+      committed &= slots[:, None, :] > horizon
       new_mask &= positions[:, None, :] > horizon
+    sees_new = jnp.take_along_axis(
+        new_mask, jnp.broadcast_to(jnp.clip(offset, 0, t - 1)[:, None, :], (b, t, s)), axis=2)
+    mask = committed | (sees_new & is_new[:, None, :])  # [B, T, S]
+    write_slots = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+    rows = jnp.arange(b)[:, None]
+    write = lambda buf, new: buf.at[rows, :, write_slots].set(new.astype(buf.dtype), mode="drop")
 
     x = jnp.take(self.embed[...], tokens, axis=0)
     if c.is_llama_family:
@@ -255,28 +271,22 @@ class Transformer(nnx.Module):
 
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
-      x, k, v = layer(x, rope, cache.k[i], cache.v[i], cache_mask, new_mask)
+      x, k, v = layer(x, rope, cache.k[i], cache.v[i], write, mask)
       new_k.append(k)
       new_v.append(v)
-    # The barrier orders the cache write after every layer's cache read, so XLA updates the cache
-    # in place instead of copying it (measured: 2 full copies per step without it).
-    x, new_k, new_v = jax.lax.optimization_barrier((x, new_k, new_v))
+    if logits_at is not None:
+      x = x[:, logits_at][:, None]
     x = self.final_norm(x)
     head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
     logits = jnp.dot(x, head, preferred_element_type=jnp.float32)
-    # One scatter per forward: the new entries go to the rows' scratch slots [length, length + T).
-    write_slots = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
-    rows = jnp.arange(b)[:, None]
-    write = lambda bufs, news: tuple(buf.at[rows, :, write_slots].set(
-        new.astype(buf.dtype), mode="drop") for buf, new in zip(bufs, news))  # [B, T, KVH, D]
-    return logits, cache.replace(k=write(cache.k, new_k), v=write(cache.v, new_v))
+    return logits, cache.replace(k=tuple(new_k), v=tuple(new_v))
 
 
 def check_model(model, role: str = "model") -> None:
   """Raises unless ``model`` is a causal LM the decoding loop can drive.
 
   Anything that quacks like ``Transformer`` works: an ``nnx.Module`` with a ``ModelConfig`` in
-  ``.config`` and ``__call__(tokens, cache, tree_mask=None, depths=None) -> (logits, cache)``
+  ``.config`` and ``__call__(tokens, cache, tree_mask=None, depths=None, logits_at=None) -> (logits, cache)``
   (the tests drive the real loop with tabular toy models this way).
   """
   if not (isinstance(model, nnx.Module) and isinstance(getattr(model, "config", None), ModelConfig)):

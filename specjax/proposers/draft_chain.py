@@ -3,8 +3,9 @@
 The draft lags the target by design: after an iteration in which all ``gamma`` drafts were
 accepted, the last draft ``x_gamma`` was never fed to the draft model (only its successor was
 needed). Rather than spending an extra draft pass, the next iteration's first draft step feeds two
-tokens ``[x_gamma, pending]`` for rows that are behind and ``[pending, pending]`` (second one
-ignored) for the others, so each iteration costs exactly ``gamma`` draft passes.
+tokens ``[x_gamma, pending]`` for rows that are behind and ``[pending, pending]`` (both at the same
+position, so the second is a duplicate) for the others, so each iteration costs exactly ``gamma``
+draft passes.
 """
 
 from __future__ import annotations
@@ -54,10 +55,17 @@ def propose(draft: Transformer, state: DraftChainState, pending: jax.Array, keys
      the draft state after the proposal; ``commit`` must follow).
   """
   cache = state.cache
-  first = jnp.stack([jnp.where(state.behind, state.last_draft, pending), pending], axis=1)
-  logits, cache = draft(first, cache)
-  logits = jnp.where(state.behind[:, None], logits[:, 1], logits[:, 0])
-  cache = cache.with_lengths(cache.lengths + 1 + state.behind)
+  behind = state.behind
+  first = jnp.stack([jnp.where(behind, state.last_draft, pending), pending], axis=1)
+  # A row behind feeds the chain [x_gamma, pending]; any other row feeds pending twice, both at
+  # depth 0 and each seeing only itself, so for every row the second token's logits are the ones
+  # needed, and the vocabulary projection runs for that token only.
+  ones, zeros = jnp.ones_like(behind), jnp.zeros_like(behind)
+  tree_mask = jnp.stack([ones, zeros, behind, ones], axis=1).reshape(-1, 2, 2)  # [[1,0],[behind,1]]
+  depths = jnp.stack([zeros, behind], axis=1).astype(jnp.int32)
+  logits, cache = draft(first, cache, tree_mask, depths, logits_at=1)
+  logits = logits[:, 0]
+  cache = cache.with_lengths(cache.lengths + 1 + behind)
   token, q = _draw(keys[:, 0], logits, sampling)
 
   def step(carry, key):
