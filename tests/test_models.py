@@ -285,6 +285,29 @@ class CacheConsistencyTest(parameterized.TestCase):
 
   MAX_LEN = 32
 
+  @parameterized.named_parameters(("llama", "llama"), ("mistral", "mistral"))
+  def test_attention_forms_agree(self, name):
+    """The per-token dots (CPU, <= 16 new tokens) and the one-contraction form (accelerators,
+    prefill) give the same logits, for a chain and a tree over a ragged cache."""
+    from unittest import mock
+    from specjax.models import transformer
+
+    model, _ = _loaded(name)
+    graphdef, state = nnx.split(model)
+    prefix = jnp.asarray(_tokens(shape=(BATCH, 6)))
+    cache = init_cache(model.config, BATCH, self.MAX_LEN)
+    _, cache = _call(graphdef, state, prefix, cache, *_causal(6))
+    cache = cache.with_lengths(jnp.array([6, 4]))
+    tree_mask, depths, _ = _tree(_PARENTS)
+    tokens = jnp.asarray(_tokens(1, shape=(BATCH, len(_PARENTS))))
+    for mask, dep in (_causal(len(_PARENTS)), (tree_mask, depths)):
+      run = lambda: nnx.merge(graphdef, state)(tokens, cache, mask, dep)
+      per_token, per_token_cache = run()
+      with mock.patch.object(transformer, "_PER_TOKEN_MAX", 0):
+        contraction, contraction_cache = run()
+      np.testing.assert_allclose(per_token, contraction, rtol=CACHE_TOL, atol=CACHE_TOL)
+      chex.assert_trees_all_close(per_token_cache, contraction_cache)
+
   def test_logits_at_one_token(self):
     model, _ = _loaded("llama")
     tokens = jnp.asarray(_tokens(shape=(BATCH, 5)))

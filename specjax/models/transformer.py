@@ -85,18 +85,23 @@ def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return (x * cos + rotated * sin).astype(x.dtype)
 
 
-# Attention over the cache for up to this many new tokens runs one dot per token: a decoding step
-# or a verification pass is then a few matrix-vector products (or G-row products with G query
-# heads per kv head), which XLA:CPU runs far faster than one batched [T, D] x [D, S] matmul or a
-# broadcast-multiply-reduce (measured in a jitted decoding loop, default target at batch 4:
-# 1.6x faster than broadcast-reduce for 2-5 new tokens, which was itself faster than the batched
-# matmul). Longer queries (prefill) use one einsum. All forms are the same sum.
+# On CPU, attention over the cache for up to this many new tokens runs one dot per token: a
+# decoding step or a verification pass is then a few matrix-vector products (or G-row products
+# with G query heads per kv head), which XLA:CPU runs far faster than one batched [T, D] x [D, S]
+# matmul or a broadcast-multiply-reduce (measured in a jitted decoding loop, default target at
+# batch 4: 1.4-1.6x faster than broadcast-reduce for 2-5 new tokens, which was itself faster than
+# the batched matmul). Accelerators, where reading the cache is the cost, get one contraction
+# that reads it once; so do long queries (prefill) everywhere. All forms are the same sum.
 _PER_TOKEN_MAX = 16
+
+
+def _per_token(t: int) -> bool:
+  return t <= _PER_TOKEN_MAX and jax.default_backend() == "cpu"
 
 
 def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
   """q: [B, T, KVH, G, D], k: [B, KVH, S, D] -> float32[B, KVH, G, T, S]."""
-  if q.shape[1] > _PER_TOKEN_MAX:
+  if not _per_token(q.shape[1]):
     return jnp.einsum("btkgd,bksd->bkgts", q, k).astype(jnp.float32)
   return jnp.stack([jnp.einsum("bkgd,bksd->bkgs", q[:, i], k).astype(jnp.float32)
                     for i in range(q.shape[1])], axis=3)
@@ -104,7 +109,7 @@ def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
 
 def _weighted_values(probs: jax.Array, v: jax.Array) -> jax.Array:
   """probs: [B, KVH, G, T, S], v: [B, KVH, S, D] -> [B, T, KVH, G, D]."""
-  if probs.shape[3] > _PER_TOKEN_MAX:
+  if not _per_token(probs.shape[3]):
     return jnp.einsum("bkgts,bksd->btkgd", probs, v)
   return jnp.stack([jnp.einsum("bkgs,bksd->bkgd", probs[:, :, :, i], v)
                     for i in range(probs.shape[3])], axis=1)
@@ -217,6 +222,9 @@ class Transformer(nnx.Module):
       tokens: int32[B, T] new tokens.
       cache: committed keys/values; row b's new tokens are written at slots
         ``[lengths[b], lengths[b] + T)`` (``lengths`` itself is left for the caller to commit).
+        New tokens that would land past the cache's end are dropped: neither stored nor seen by
+        the others (their own logits are then wrong), so size the cache for every row whose
+        output is used; ``sj.generate`` does.
       tree_mask: bool[T, T] or bool[B, T, T]; ``tree_mask[i, j]``: new token i sees new token j
         (must include i itself). Default: causal (a chain).
       depths: int32[T] or int32[B, T]; token i is at position ``lengths + depths[i]``.
