@@ -294,8 +294,8 @@ def check_model(model, role: str = "model") -> None:
   """Raises unless ``model`` is a causal LM the decoding loop can drive.
 
   Anything that quacks like ``Transformer`` works: an ``nnx.Module`` with a ``ModelConfig`` in
-  ``.config`` and ``__call__(tokens, cache, tree_mask=None, depths=None, logits_at=None) -> (logits, cache)``
-  (the tests drive the real loop with tabular toy models this way).
+  ``.config`` and ``__call__(tokens, cache, tree_mask=None, depths=None, logits_at=None)``
+  returning ``(logits, cache)`` (the tests drive the real loop with tabular toy models this way).
   """
   if not (isinstance(model, nnx.Module) and isinstance(getattr(model, "config", None), ModelConfig)):
     raise ValueError(f"{role} must be a specjax model (sj.load_model / sj.init_model), got "
