@@ -194,7 +194,6 @@ class StatisticalTest(absltest.TestCase):
         other[[0, 3]] = [0.25, 0.25]
         self.assertLess(stats_util.chi_square_pvalue(counts, other), P_FLOOR)
 
-
     def test_sample_from_probs_by_blocks(self):
         # V = 37 pads to 7 blocks of 6; block 1 has no mass, block 6 holds one token; tiny
         # unnormalised masses (x 1e-20) so that only ratios matter.
