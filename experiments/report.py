@@ -14,7 +14,8 @@ and ``measured_over_theoretical``; ``verify_cost`` v (the measured gamma + 1 tok
 in target steps; Thm 3.8 takes v = 1), ``row_utilisation`` (busy rows per loop iteration / batch
 size: a batch iterates until its slowest row is done), ``modelled_speedup`` (the formula with that
 v, times the speculative run's row utilisation over the autoregressive one's) and
-``measured_over_modelled``, which isolates the loop's own overhead; plus ``cost`` (c and the
+``measured_over_modelled``, which isolates what the two models' steps do not account for (the
+loop's bookkeeping, each call's setup and prefills); plus ``cost`` (c and the
 step timings), ``config``, ``command``, ``versions``, ``machine``, ``models``, ``prompts``,
 ``samples``.
 """
@@ -324,7 +325,8 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
          "formula's ideal); v: the verification pass's measured cost in target steps; "
          "meas/model: measured over the same formula with that v, times the share of rows kept "
          "busy (a batch iterates until its slowest row is done; 'rows busy' in the next table), "
-         "so what remains is the loop's own overhead; ours/HF (when transformers ran): specjax "
+         "so what remains is work outside the models' steps (loop bookkeeping, each call's setup "
+         "and prefills); ours/HF (when transformers ran): specjax "
          "tokens/s over transformers' (autoregressive over greedy/sampling generate, "
          "speculative over assisted generation at the same gamma); hf_* rows' speedup is vs "
          "hf_autoregressive; greedy=AR: "

@@ -541,8 +541,8 @@ def run_experiment(config, command: str | None = None) -> dict:
       e["greedy_match_vs_specjax"] = _match(records, e, find("autoregressive", 0.0))
     if e["method"] == "speculative":
       alpha = e["expected_alpha"]
-      if cost_ratio is not None and alpha == alpha:
-        a = min(max(alpha, 0.0), 1.0)
+      a = min(max(alpha, 0.0), 1.0) if alpha == alpha else None  # None: no verified position
+      if cost_ratio is not None and a is not None:
         e["theoretical_speedup"] = metrics.expected_speedup(a, e["gamma"], cost_ratio)
         e["measured_over_theoretical"] = e["speedup"] / e["theoretical_speedup"]
         verify_ms = (cost.get("target_verify_ms") or {}).get(str(e["gamma"]))
@@ -555,9 +555,8 @@ def run_experiment(config, command: str | None = None) -> dict:
           e["verify_cost"] = v
           e["modelled_speedup"] = metrics.expected_speedup(a, e["gamma"], cost_ratio, v) * busy
           e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]
-      if alpha == alpha:
-        e["expected_tokens_per_call"] = metrics.expected_tokens_per_iteration(
-            min(max(alpha, 0.0), 1.0), e["gamma"])
+      if a is not None:
+        e["expected_tokens_per_call"] = metrics.expected_tokens_per_iteration(a, e["gamma"])
       ar = find("autoregressive", e["temperature"])
       if e["temperature"] == 0.0 and ar is not None:
         e["greedy_match"] = _match(records, e, ar)

@@ -35,10 +35,10 @@ def _as_gamma(gamma, name: str = "gamma") -> np.ndarray:
     return g.astype(np.int64)
 
 
-def _as_cost(cost, name: str) -> np.ndarray:
+def _as_cost(cost, name: str, positive: bool = False) -> np.ndarray:
     c = np.asarray(cost, dtype=np.float64)
-    if not np.all(np.isfinite(c) & (c >= 0.0)):
-        raise ValueError(f"{name} must be finite and >= 0, got {cost!r}")
+    if not np.all(np.isfinite(c) & ((c > 0.0) if positive else (c >= 0.0))):
+        raise ValueError(f"{name} must be finite and {'>' if positive else '>='} 0, got {cost!r}")
     return c
 
 
@@ -85,9 +85,7 @@ def expected_speedup(alpha, gamma, cost_ratio, verify_cost=1.0):
         batch, the wider pass costs more, and the measured v makes the estimate a cost model.
     """
     a, g, c = _as_alpha(alpha), _as_gamma(gamma), _as_cost(cost_ratio, "cost_ratio")
-    v = np.asarray(verify_cost, dtype=np.float64)
-    if not np.all(np.isfinite(v) & (v > 0.0)):
-        raise ValueError(f"verify_cost must be finite and > 0, got {verify_cost!r}")
+    v = _as_cost(verify_cost, "verify_cost", positive=True)
     return _out(_tokens(a, g) / (g * c + v))
 
 
