@@ -268,7 +268,8 @@ class Transformer(nnx.Module):
     if t == 1:
       # A second update aimed past the end (so dropped) keeps a one-token write a scatter. As a
       # dynamic-update-slice XLA fused it into the attention reads as well (at batch 1, where
-      # they bitcast the buffer) and copied every layer's buffer twice per decoding step.
+      # they bitcast the buffer) and copied every layer's buffer four times per decoding step
+      # (tests/test_models.py: CacheInPlaceTest).
       write_slots = jnp.concatenate([write_slots, jnp.full((b, 1), s, jnp.int32)], axis=1)
       pad = ((0, 0), (0, 1), (0, 0), (0, 0))
     rows = jnp.arange(b)[:, None]
