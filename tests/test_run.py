@@ -320,3 +320,24 @@ class ReportTest(absltest.TestCase):
 
 if __name__ == "__main__":
   absltest.main()
+
+
+class CostSplitTest(absltest.TestCase):
+  """experiments/cost_split.py: per-call / per-token timing of sj.generate on tiny random models."""
+
+  def test_split_costs(self):
+    from experiments import cost_split, random_models
+
+    target, draft = random_models.random_pair(seed=0)
+    prompts = [list(b"def f(x):"), list(b"import os")]
+    rows = cost_split.split_costs(target, target, prompts, gammas=["3"], lengths=["9", "4"],
+                                  repeats=1)
+    self.assertEqual([r["method"] for r in rows], ["autoregressive", "speculative g=3"])
+    # The first token comes from the prefill: 8 loop iterations for 9 tokens. With draft = target
+    # every greedy draft is accepted: ceil(8 / (gamma + 1)) = 2 iterations.
+    self.assertEqual([r["iterations"] for r in rows], [8, 2])
+    for r in rows:
+      self.assertEqual(sorted(r["median_s"]), [4, 9])
+      self.assertTrue(all(math.isfinite(r[k]) for k in ("per_call_ms", "per_token_ms")))
+    with self.assertRaisesRegex(ValueError, "at least two values"):
+      cost_split.split_costs(target, draft, prompts, gammas=["1"], lengths=["8"], repeats=1)
