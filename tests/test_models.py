@@ -319,6 +319,23 @@ class CacheConsistencyTest(parameterized.TestCase):
       np.testing.assert_allclose(one[:, 0], full[:, i], rtol=CACHE_TOL, atol=CACHE_TOL)
       chex.assert_trees_all_close(one_cache, full_cache)
 
+  def test_writes_land_at_each_rows_slots_and_past_the_end_are_dropped(self):
+    """New token j of row r is stored at slot lengths[r] + j and nowhere else; slots past the
+    cache end are dropped (a one-token write also carries a dropped dummy update: see
+    Transformer.__call__), and the logits stay finite."""
+    model, _ = _loaded("llama")
+    slots = 6
+    _, cache = model(jnp.ones((2, 5), jnp.int32), init_cache(model.config, 2, slots))
+    for t, lengths in ((1, (5, 6)), (1, (0, 3)), (2, (4, 5)), (3, (6, 2))):
+      with self.subTest(t=t, lengths=lengths):
+        before = cache.with_lengths(jnp.asarray(lengths, jnp.int32))
+        logits, after = model(jnp.full((2, t), 3, jnp.int32), before)
+        expected = [[lengths[r] <= s < lengths[r] + t for s in range(slots)] for r in range(2)]
+        for old, new in zip(before.k + before.v, after.k + after.v):
+          changed = np.any(np.asarray(old) != np.asarray(new), axis=(1, 3))  # [B, S]
+          np.testing.assert_array_equal(changed, expected)
+        self.assertTrue(np.all(np.isfinite(np.asarray(logits))))
+
   @parameterized.named_parameters(("llama", "llama"), ("gpt2", "gpt2"), ("mistral", "mistral"))
   def test_prefill_then_steps_with_ragged_lengths(self, name):
     model, _ = _loaded(name)
