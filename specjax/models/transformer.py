@@ -263,18 +263,16 @@ class Transformer(nnx.Module):
     sees_new = jnp.take_along_axis(
         new_mask, jnp.broadcast_to(jnp.clip(offset, 0, t - 1)[:, None, :], (b, t, s)), axis=2)
     mask = committed | (sees_new & is_new[:, None, :])  # [B, T, S]
-    write_slots = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
-    pad = ((0, 0), (0, 0), (0, 0), (0, 0))
-    if t == 1:
-      # A second update aimed past the end (so dropped) keeps a one-token write a scatter. As a
-      # dynamic-update-slice XLA fused it into the attention reads as well (at batch 1, where
-      # they bitcast the buffer) and copied every layer's buffer four times per decoding step
-      # (tests/test_models.py: CacheInPlaceTest).
-      write_slots = jnp.concatenate([write_slots, jnp.full((b, 1), s, jnp.int32)], axis=1)
-      pad = ((0, 0), (0, 1), (0, 0), (0, 0))
+    # A one-token write carries a second update aimed past the end (so dropped), which keeps it a
+    # scatter. As a dynamic-update-slice XLA fused it into the attention reads as well (at batch 1,
+    # where they bitcast the buffer) and copied every layer's buffer four times per decoding step
+    # (tests/test_models.py: CacheInPlaceTest).
+    dummy = 1 if t == 1 else 0
+    j = jnp.arange(t + dummy, dtype=jnp.int32)[None, :]
+    write_slots = jnp.where(j < t, lengths[:, None] + j, s)  # [B, T + dummy]
     rows = jnp.arange(b)[:, None]
     write = lambda buf, new: buf.at[rows, :, write_slots].set(
-        jnp.pad(new, pad).astype(buf.dtype), mode="drop")
+        jnp.pad(new, ((0, 0), (0, dummy), (0, 0), (0, 0))).astype(buf.dtype), mode="drop")
 
     x = jnp.take(self.embed[...], tokens, axis=0)
     if c.is_llama_family:
