@@ -25,8 +25,9 @@ import numpy as np
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("target", "default", "target checkpoint dir, or 'default' (the embedded pair)")
-flags.DEFINE_string("draft", "default", "draft checkpoint dir, or 'default'")
+flags.DEFINE_string("target", "default", "as the runner's config.target: a checkpoint dir, "
+                    "'default' (the embedded pair) or 'random:NAME'")
+flags.DEFINE_string("draft", "default", "as the runner's config.draft")
 flags.DEFINE_string("prompts", "python-small", "built-in prompt set or a file of prompts")
 flags.DEFINE_integer("batch_size", 4, "rows per call (the first batch_size prompts)")
 flags.DEFINE_integer("prompt_tokens", 32, "prompts are cut to their last this many tokens")
@@ -82,28 +83,39 @@ def split_costs(target, draft, prompts, gammas, lengths, repeats: int,
 
 def main(argv):
   del argv
+  import tempfile
+
   import jax
 
-  import specjax as sj
-  from experiments import default_pair, prompts as prompt_sets
+  from experiments import prompts as prompt_sets, run, runconfig
 
-  paths = {"target": FLAGS.target, "draft": FLAGS.draft}
-  if "default" in paths.values():
-    target_dir, draft_dir = default_pair.ensure_default_pair()
-    paths = {role: (str({"target": target_dir, "draft": draft_dir}[role]) if p == "default" else p)
-             for role, p in paths.items()}
-  target, draft = sj.load_model(paths["target"]), sj.load_model(paths["draft"])
-  tokenizer = sj.load_tokenizer(paths["target"])
+  # The runner's own config checks, checkpoint resolution ("default" builds the embedded pair on
+  # first use), model loading and prompt encoding (BOS included), so both tools time the same thing.
+  config = runconfig.base_config()
+  config.target, config.draft, config.prompts = FLAGS.target, FLAGS.draft, FLAGS.prompts
+  config.gammas = tuple(int(g) for g in FLAGS.gammas)
+  config.temperatures = (FLAGS.temperature,)
+  config.batch_size = FLAGS.batch_size
+  config.max_prompt_tokens = FLAGS.prompt_tokens
+  config.max_new_tokens = max(int(n) for n in FLAGS.lengths)
+  try:
+    runconfig.validate(config)
+    specs = runconfig.resolve_checkpoints(config)
+  except runconfig.ConfigError as e:
+    raise app.UsageError(str(e)) from None
   texts = prompt_sets.load_prompts(FLAGS.prompts)
   if len(texts) < FLAGS.batch_size:
     raise app.UsageError(f"--batch_size={FLAGS.batch_size} needs that many prompts; "
                          f"{FLAGS.prompts!r} has {len(texts)}")
-  prompts = [tokenizer.encode(t, add_special_tokens=False)[-FLAGS.prompt_tokens:]
-             for t in texts[:FLAGS.batch_size]]
-  print(f"target {paths['target']} ({target.config.num_params() / 1e6:.2f}M), draft "
-        f"{paths['draft']} ({draft.config.num_params() / 1e6:.2f}M); batch {FLAGS.batch_size}, "
-        f"temperature {FLAGS.temperature}, max_new_tokens {','.join(FLAGS.lengths)}, "
-        f"{FLAGS.repeats} interleaved repeats; jax {jax.__version__} on {jax.default_backend()}")
+  with tempfile.TemporaryDirectory() as tmpdir:
+    models = run._Models(config, specs, tmpdir)
+  target, draft = models.sj["target"], models.sj["draft"]
+  prompts = models.encode(texts[:FLAGS.batch_size], FLAGS.prompt_tokens, bool(config.add_bos))
+  print(f"target {specs['target'].spec} ({target.config.num_params() / 1e6:.2f}M), draft "
+        f"{specs['draft'].spec} ({draft.config.num_params() / 1e6:.2f}M); batch "
+        f"{FLAGS.batch_size}, temperature {FLAGS.temperature}, max_new_tokens "
+        f"{','.join(FLAGS.lengths)}, {FLAGS.repeats} interleaved repeats; jax {jax.__version__} "
+        f"on {jax.default_backend()}")
   rows = split_costs(target, draft, prompts, FLAGS.gammas, FLAGS.lengths, FLAGS.repeats,
                      FLAGS.temperature)
   ar = rows[0]["per_token_ms"]
