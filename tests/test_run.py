@@ -341,3 +341,33 @@ class CostSplitTest(absltest.TestCase):
       self.assertTrue(all(math.isfinite(r[k]) for k in ("per_call_ms", "per_token_ms")))
     with self.assertRaisesRegex(ValueError, "at least two values"):
       cost_split.split_costs(target, draft, prompts, gammas=["1"], lengths=["8"], repeats=1)
+
+
+class GpuCheckScriptTest(absltest.TestCase):
+  """experiments/gpu_check.sh (run by hand on an accelerator): every stage's command line parses
+  and validates (dry runs), and a failing stage shows in its summary line."""
+
+  def _script(self, out: str, tests: str):
+    env = _env()
+    env.update(OUT=os.path.join(out, "out"), RUNS=os.path.join(out, "runs"), PY=sys.executable,
+               EXTRA_ARGS="--config.dry_run=True", TESTS=tests)
+    return subprocess.run(["bash", "experiments/gpu_check.sh"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+  def test_stages_dry_run(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      proc = self._script(tmp, "tests/test_run.py::OverrideTest::test_get_config_arg")
+      self.assertEqual(proc.returncode, 0, proc.stderr)
+      stages = ("info", "bench_b4", "bench_b1", "default_b4", "default_b1", "tests")
+      for stage in stages:
+        self.assertIn(f"=== {stage}: rc=0 ", proc.stdout)
+      for stage in stages[1:5]:
+        log = pathlib.Path(tmp, "out", f"{stage}.log").read_text()
+        self.assertIn("[run] dry run:", log)
+        self.assertIn("speculative g=2 T=0", log)
+      self.assertTrue(pathlib.Path(tmp, "out", "reports.tgz").is_file())
+
+  def test_failing_stage_reported(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      proc = self._script(tmp, "tests/no_such_test_file.py")
+      self.assertRegex(proc.stdout, r"=== tests: rc=[1-9]")

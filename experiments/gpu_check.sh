@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One-shot accelerator check: correctness and speed of the jitted decoding loops on a GPU/TPU.
+#
+#   OUT=runs/gpu_check bash experiments/gpu_check.sh
+#   TARGET=dir DRAFT=dir DEFAULT_DIR=dir OUT=dir bash experiments/gpu_check.sh
+#
+# Needs the benchmark pair (python -m experiments.train --config=configs/train_bench.py) and the
+# default pair (any directory holding target/ and draft/, e.g. the user cache's default-pair-v1).
+# Each stage has its own time limit and runs whatever happened before it, so one failure does not
+# hide the others. It runs, in order:
+#   1. versions and devices;
+#   2. the benchmark pair, greedy, gamma 1/2/4, batch 4 and batch 1 (speedup, measured vs
+#      theoretical, greedy=AR: speculative tokens identical to autoregressive ones);
+#   3. the default pair, batch 4 (its config as is: T=0 and T=1) and batch 1 (greedy);
+#   4. the speculative-decoding tests (exact-law and statistical tests, greedy exactness).
+# About 8 minutes on one H200, most of it compilation (3-6 s per setting and prompt width there:
+# a full 14-setting gamma sweep spends ~3 minutes compiling). The README's GPU table comes from it.
+# Logs go to $OUT/STAGE.log; the runs' reports (report.md, results.json, plots) to $RUNS, packed
+# into $OUT/reports.tgz after each stage.
+set -u
+OUT=${OUT:-runs/gpu_check}
+TARGET=${TARGET:-runs/train_bench/target}
+DRAFT=${DRAFT:-runs/train_bench/draft_distill}
+DEFAULT_DIR=${DEFAULT_DIR:-${SPECJAX_CACHE:-$HOME/.cache/specjax}/default-pair-v1}
+RUNS=${RUNS:-runs/gpu_check_runs}
+PY=${PY:-python3}
+COMMON="--config.progress=False ${EXTRA_ARGS:-}"
+mkdir -p "$OUT" "$RUNS"
+export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
+
+stage() {  # stage NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name (limit ${limit}s) ==="
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: rc=$rc in $((SECONDS - t0))s ==="
+  tail -n 40 "$OUT/$name.log" | grep -v -E "^\s*$|it/s\]|s/it\]" | tail -n 25
+  tar czf "$OUT/reports.tgz" -C "$RUNS" .
+}
+
+stage info 40 "$PY" -c "
+import jax, flax, transformers, platform
+print('python', platform.python_version(), 'jax', jax.__version__, 'flax', flax.__version__,
+      'transformers', transformers.__version__)
+print('devices', jax.devices())
+"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>/dev/null
+
+stage bench_b4 150 "$PY" -m experiments.run --config=configs/bench.py --config.target="$TARGET" \
+  --config.draft="$DRAFT" --config.methods=autoregressive,speculative --config.gammas=1,2,4 \
+  --config.temperatures=0.0 --config.output_dir="$RUNS/bench_b4" --config.repeats=3 $COMMON
+stage bench_b1 150 "$PY" -m experiments.run --config=configs/bench.py:batch_size=1 \
+  --config.target="$TARGET" --config.draft="$DRAFT" --config.methods=autoregressive,speculative \
+  --config.gammas=1,2,4 --config.temperatures=0.0 --config.num_prompts=4 \
+  --config.output_dir="$RUNS/bench_b1" --config.repeats=3 $COMMON
+stage default_b4 120 "$PY" -m experiments.run --config=configs/default.py \
+  --config.target="$DEFAULT_DIR/target" --config.draft="$DEFAULT_DIR/draft" \
+  --config.output_dir="$RUNS/default_b4" --config.repeats=5 $COMMON
+stage default_b1 120 "$PY" -m experiments.run --config=configs/default.py --config.batch_size=1 \
+  --config.target="$DEFAULT_DIR/target" --config.draft="$DEFAULT_DIR/draft" --config.gammas=1,2,4 \
+  --config.temperatures=0.0 --config.num_prompts=4 --config.output_dir="$RUNS/default_b1" --config.repeats=3 $COMMON
+stage tests 170 "$PY" -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_speculative.py}
+echo "reports: $OUT/reports.tgz"
