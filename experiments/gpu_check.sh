@@ -13,8 +13,9 @@
 #      theoretical, greedy=AR: speculative tokens identical to autoregressive ones);
 #   3. the default pair, batch 4 (its config as is: T=0 and T=1) and batch 1 (greedy);
 #   4. the speculative-decoding tests (exact-law and statistical tests, greedy exactness).
-# About 8 minutes on one H200, most of it compilation (3-6 s per setting and prompt width there:
-# a full 14-setting gamma sweep spends ~3 minutes compiling). The README's GPU table comes from it.
+# About 8 minutes on one H200, most of it compilation (3-6 s per setting and prompt width there,
+# measured when each batch still had its own width; the runner now pads all batches of a run to
+# one width). The README's GPU table comes from it.
 # Logs go to $OUT/STAGE.log; the runs' reports (report.md, results.json, plots) to $RUNS, packed
 # into $OUT/reports.tgz after each stage.
 set -u

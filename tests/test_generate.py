@@ -264,6 +264,30 @@ class GenerateTest(parameterized.TestCase):
     gen(self.prompts, 4, max_new_tokens=1)
     self.assertEqual(loop.decode_jit._cache_size(), compiled + 1)
 
+  def test_prompt_width_shares_one_compilation_and_changes_no_token(self):
+    """``prompt_width`` pads every call alike: batches whose longest prompts are 11 and 20 tokens
+    (natural widths 16 and 32) share one compilation, and the tokens (greedy autoregressive, and
+    sampled speculative with a different draft, one key) equal those of the natural padding."""
+    model, draft = self.models["llama"], self.models["qwen2"]
+    gen = lambda prompts, sampling, width, method=sj.Autoregressive(): np.asarray(sj.generate(
+        model, prompts, method=method, sampling=sampling, max_new_tokens=MAX_NEW,
+        key=jax.random.key(5), prompt_width=width).tokens)
+    spec = sj.Speculative(draft=draft, gamma=2)
+    for sampling, method in ((GREEDY, sj.Autoregressive()), (SAMPLE, spec)):
+      np.testing.assert_array_equal(gen(self.prompts, sampling, 20, method),
+                                    gen(self.prompts, sampling, None, method))
+    compiled = loop.decode_jit._cache_size()
+    long_prompts = _prompts(13, (20, 4, 7))
+    gen(long_prompts, GREEDY, 20)
+    gen(long_prompts, SAMPLE, 20, spec)
+    self.assertEqual(loop.decode_jit._cache_size(), compiled)
+
+  @parameterized.parameters("mistral", "gpt2")
+  def test_prompt_width_sliding_window_and_learned_positions(self, name):
+    """Extra padding changes nothing under a sliding window (mistral: 8) or learned positions."""
+    out = sj.generate(self.models[name], self.prompts, max_new_tokens=MAX_NEW, prompt_width=40)
+    np.testing.assert_array_equal(np.asarray(out.tokens), self.greedy_tokens(name))
+
   # 6. Errors ---------------------------------------------------------------------------------
 
   @parameterized.named_parameters(
@@ -286,6 +310,10 @@ class GenerateTest(parameterized.TestCase):
       ("eos_negative", dict(eos_token_id=[2, -1]), r"eos_token_id -1 is outside the vocabulary"),
       ("sampling_type", dict(sampling="greedy"), r"sampling must be an sj.Sampling, got str"),
       ("method", dict(method="beam"), r"unknown decoding method 'beam'"),
+      ("prompt_width_short", dict(prompt_width=10),
+       r"prompt_width must be an integer >= the longest prompt \(11 tokens\), got 10"),
+      ("prompt_width_float", dict(prompt_width=16.0), r"prompt_width must be an integer .* 16\.0"),
+      ("prompt_width_bool", dict(prompt_width=True), r"prompt_width must be an integer .* True"),
       ("not_a_model", dict(model=object()), r"target must be a specjax model .* got object"),
   )
   def test_errors(self, kwargs, message):

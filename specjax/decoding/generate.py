@@ -26,8 +26,10 @@ class GenerateOutput:
   stats: DecodeStats
 
 
-def pad_prompts(prompts, vocab_size: int, bucket: int = PROMPT_BUCKET):
-  """Ragged prompts -> (int32[B, P] right-padded with 0, int32[B] lengths), validated."""
+def pad_prompts(prompts, vocab_size: int, bucket: int = PROMPT_BUCKET, width: int | None = None):
+  """Ragged prompts -> (int32[B, P] right-padded with 0, int32[B] lengths), validated.
+
+  P is ``width`` (default: the longest prompt) rounded up to a multiple of ``bucket``."""
   if isinstance(prompts, (np.ndarray, jax.Array)):
     arr = np.asarray(prompts)
     if arr.ndim != 2:
@@ -48,7 +50,13 @@ def pad_prompts(prompts, vocab_size: int, bucket: int = PROMPT_BUCKET):
       raise ValueError(f"prompt {i}: token id {int(bad[0])} is outside the vocabulary "
                        f"[0, {vocab_size})")
   lengths = np.array([r.size for r in rows], np.int32)
-  width = -(-int(lengths.max()) // bucket) * bucket
+  longest = int(lengths.max())
+  if width is None:
+    width = longest
+  elif isinstance(width, bool) or not isinstance(width, (int, np.integer)) or width < longest:
+    raise ValueError(f"prompt_width must be an integer >= the longest prompt ({longest} tokens), "
+                     f"got {width!r}")
+  width = -(-int(width) // bucket) * bucket
   padded = np.zeros((len(rows), width), np.int32)
   for i, r in enumerate(rows):
     padded[i, :r.size] = r
@@ -71,12 +79,16 @@ def generate(
     max_new_tokens: int = 32,
     key: jax.Array | None = None,
     eos_token_id: int | Sequence[int] | None = None,
+    prompt_width: int | None = None,
 ) -> GenerateOutput:
   """Generates up to ``max_new_tokens`` per prompt with ``method``; see DESIGN.md §2.
 
   ``sampling`` defaults to greedy. A row stops at the first ``eos_token_id`` (emitted, then the
   row is finished) or after ``max_new_tokens``; ``None`` means no EOS stopping. Compiled once per
-  (models, method, sampling, batch size, padded prompt width, max_new_tokens, eos ids).
+  (models, method, sampling, batch size, padded prompt width, max_new_tokens, eos ids); prompts
+  are right-padded to a multiple of 16 columns past the longest one, or past ``prompt_width`` when
+  given (>= the longest prompt), so that batches of different prompt lengths can share one
+  compilation. Padded columns are masked out of attention.
   """
   check_model(model, "target")
   if not isinstance(method, (Autoregressive, Speculative)):
@@ -99,7 +111,7 @@ def generate(
   for e in eos_ids:
     if not 0 <= e < vocab:
       raise ValueError(f"eos_token_id {e} is outside the vocabulary [0, {vocab})")
-  prompt, lengths = pad_prompts(prompts, vocab)
+  prompt, lengths = pad_prompts(prompts, vocab, width=prompt_width)
   longest = int(lengths.max())
   _check_context(model, "target", longest, max_new_tokens)
 
