@@ -314,6 +314,9 @@ class GenerateTest(parameterized.TestCase):
        r"prompt_width must be an integer >= the longest prompt \(11 tokens\), got 10"),
       ("prompt_width_float", dict(prompt_width=16.0), r"prompt_width must be an integer .* 16\.0"),
       ("prompt_width_bool", dict(prompt_width=True), r"prompt_width must be an integer .* True"),
+      ("prompt_width_context", dict(prompt_width=100, max_new_tokens=29),
+       r"prompt_width 100 \+ max_new_tokens 29 = 129 exceeds the target model's maximum context "
+       r"128"),
       ("not_a_model", dict(model=object()), r"target must be a specjax model .* got object"),
   )
   def test_errors(self, kwargs, message):

@@ -63,10 +63,11 @@ def pad_prompts(prompts, vocab_size: int, bucket: int = PROMPT_BUCKET, width: in
   return padded, lengths
 
 
-def _check_context(model: Transformer, role: str, longest_prompt: int, max_new_tokens: int):
+def _check_context(model: Transformer, role: str, longest_prompt: int, max_new_tokens: int,
+                   what: str = "prompt length"):
   limit = model.config.max_position_embeddings
   if longest_prompt + max_new_tokens > limit:
-    raise ValueError(f"prompt length {longest_prompt} + max_new_tokens {max_new_tokens} = "
+    raise ValueError(f"{what} {longest_prompt} + max_new_tokens {max_new_tokens} = "
                      f"{longest_prompt + max_new_tokens} exceeds the {role} model's maximum "
                      f"context {limit}")
 
@@ -85,10 +86,11 @@ def generate(
 
   ``sampling`` defaults to greedy. A row stops at the first ``eos_token_id`` (emitted, then the
   row is finished) or after ``max_new_tokens``; ``None`` means no EOS stopping. Compiled once per
-  (models, method, sampling, batch size, padded prompt width, max_new_tokens, eos ids); prompts
-  are right-padded to a multiple of 16 columns past the longest one, or past ``prompt_width`` when
-  given (>= the longest prompt), so that batches of different prompt lengths can share one
-  compilation. Padded columns are masked out of attention.
+  (models, method, sampling, batch size, padded prompt width, max_new_tokens, eos ids). Prompts
+  are right-padded to the next multiple of 16 at or above the longest prompt, or above
+  ``prompt_width`` when given (at least the longest prompt; ``prompt_width + max_new_tokens`` must
+  fit the model's context), so that batches of different prompt lengths share one compilation.
+  Padded columns are masked out of attention.
   """
   check_model(model, "target")
   if not isinstance(method, (Autoregressive, Speculative)):
@@ -113,7 +115,13 @@ def generate(
       raise ValueError(f"eos_token_id {e} is outside the vocabulary [0, {vocab})")
   prompt, lengths = pad_prompts(prompts, vocab, width=prompt_width)
   longest = int(lengths.max())
-  _check_context(model, "target", longest, max_new_tokens)
+
+  def check_fits(m: Transformer, role: str):
+    _check_context(m, role, longest, max_new_tokens)
+    if prompt_width is not None:
+      _check_context(m, role, int(prompt_width), max_new_tokens, what="prompt_width")
+
+  check_fits(model, "target")
 
   gamma, draft_graphdef, draft_state = 0, None, None
   if isinstance(method, Speculative):
@@ -122,7 +130,7 @@ def generate(
       raise ValueError(
           f"draft vocabulary size {draft.config.vocab_size} differs from the target's {vocab}; "
           f"target and draft must share one tokenizer (different tokenizers are not supported yet)")
-    _check_context(draft, "draft", longest, max_new_tokens)
+    check_fits(draft, "draft")
     gamma = method.gamma
     draft_graphdef, draft_state = nnx.split(draft)
   target_graphdef, target_state = nnx.split(model)
