@@ -7,7 +7,8 @@ returns; ``load_results(path)`` reads a ``results.json`` back, so a report can b
     python -m experiments.report runs/default/results.json [out_dir]
 
 The results dict holds ``settings``: one entry per (method, gamma, temperature) with
-``tokens_per_s``, ``speedup`` (vs autoregressive at the same sampling), ``acceptance_rate``,
+``tokens_per_s``, ``speedup`` (vs autoregressive at the same sampling; ``speedup_runs``: each
+repeat's own ratio, whose spread the table shows as ``range``), ``acceptance_rate``,
 ``expected_alpha``, ``tokens_per_target_call``, ``acceptance_by_position``,
 ``theoretical_speedup`` (Leviathan et al. 2023, Thm 3.8, at the measured alpha and cost ratio c)
 and ``measured_over_theoretical``; ``verify_cost`` v (the measured gamma + 1 token verification pass
@@ -40,6 +41,13 @@ PLOT_FILES = {
 
 def _num(x) -> float | None:
   return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+def _spread(runs) -> str | None:
+  """'min-max' of per-repeat values (None under two repeats, or all alike: a baseline's 1.00)."""
+  if not runs or len(runs) < 2 or min(runs) == max(runs):
+    return None
+  return f"{min(runs):.2f}-{max(runs):.2f}"
 
 
 def _fmt(x, spec: str = ".2f", missing: str = "-") -> str:
@@ -82,6 +90,7 @@ COLUMNS: list[Column] = [
     ("method", _method_label, "s", False),
     ("tok/s", lambda e: e.get("tokens_per_s"), ".1f", False),
     ("speedup", lambda e: e.get("speedup"), ".2f", False),
+    ("range", lambda e: _spread(e.get("speedup_runs")), "s", True),
     ("accept", lambda e: e.get("acceptance_rate"), ".3f", False),
     ("E[alpha]", lambda e: e.get("expected_alpha"), ".3f", False),
     ("tok/call", lambda e: e.get("tokens_per_target_call"), ".2f", False),
@@ -316,7 +325,8 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
   md.append(f"- created {results.get('created')}, wall time {results.get('wall_s', 0):.0f}s")
   md += ["", "## Results", "",
          "tokens/s: median over interleaved repeats; speedup: vs autoregressive at the same "
-         "temperature; accept: accepted / proposed draft tokens; E[alpha]: mean of "
+         "temperature; range: lowest-highest of the repeats' own speedups (each repeat runs "
+         "every setting on every batch, interleaved), a measure of the machine's noise; accept: accepted / proposed draft tokens; E[alpha]: mean of "
          "sum_x min(p, q) over verified positions; tok/call: tokens per target forward (prefill "
          "included; tok/iteration in the next table leaves the prefill out); formula: "
          "(1 - a^(g+1)) / (1 - a) at a = E[alpha]; theory: Leviathan et al. Thm 3.8 speedup at "

@@ -99,6 +99,7 @@ class EndToEndTest(absltest.TestCase):
       self.assertLen(e["tokens_per_s_runs"], 1)
       self.assertGreaterEqual(e["compile_s"], 0)
       self.assertEqual(e["tokens_per_pass"], 4 * 12)  # 4 prompts, no EOS stopping
+      self.assertEqual(e["speedup_runs"], [e["speedup"]])  # one repeat: its own ratio
       if e["method"] == "autoregressive":
         self.assertEqual(e["speedup"], 1.0)
         self.assertEqual(e["tokens_per_target_call"], 1.0)
@@ -127,7 +128,7 @@ class EndToEndTest(absltest.TestCase):
 
   def test_report_and_plots(self):
     report = (self.out / "report.md").read_text()
-    self.assertIn("| T | method | tok/s | speedup |", report)
+    self.assertIn("| T | method | tok/s | speedup | accept |", report)  # 1 repeat: no range
     self.assertIn("--config=configs/tiny.py:gamma=2", report)
     self.assertIn("Leviathan", report)
     for name in ("speedup_vs_gamma.png", "acceptance_by_position.png",
@@ -284,7 +285,8 @@ class ReportTest(absltest.TestCase):
       settings.append(dict(method="autoregressive", gamma=None, temperature=t, top_k=0, top_p=1.0,
                            tokens_per_s=100.0, speedup=1.0, acceptance_rate=math.nan,
                            expected_alpha=math.nan, tokens_per_target_call=1.0,
-                           acceptance_by_position=[], compile_s=1.0))
+                           acceptance_by_position=[], speedup_runs=[1.0, 1.0, 1.0],
+                           compile_s=1.0))
       for g in (1, 2, 4):
         a = 0.7 if t else 0.6
         theory = metrics.expected_speedup(a, g, 0.1)
@@ -295,6 +297,7 @@ class ReportTest(absltest.TestCase):
                              expected_tokens_per_call=metrics.expected_tokens_per_iteration(a, g),
                              acceptance_by_position=[a ** (i + 1) for i in range(g)],
                              theoretical_speedup=theory, measured_over_theoretical=0.8,
+                             speedup_runs=[theory * 0.8, theory * 0.75, theory * 0.85],
                              compile_s=2.0))
     return dict(name="synthetic", command="python -m experiments.run --config=x", config={},
                 cost={"used": 0.1, "used_source": "config"}, settings=settings,
@@ -303,6 +306,7 @@ class ReportTest(absltest.TestCase):
 
   def test_write_report_and_reload(self):
     from experiments import report
+    from specjax import metrics
     results = self._results()
     with tempfile.TemporaryDirectory() as tmp:
       paths = report.write_report(results, tmp)
@@ -315,6 +319,10 @@ class ReportTest(absltest.TestCase):
     table = report.format_table(results)
     self.assertIn("speculative g=4", table)
     self.assertIn("meas/theory", table)
+    theory = metrics.expected_speedup(0.6, 4, 0.1)
+    self.assertIn(f"{theory * 0.75:.2f}-{theory * 0.85:.2f}", table)  # the repeats' spread
+    ar_row = next(line for line in table.splitlines() if "autoregressive" in line)
+    self.assertNotRegex(ar_row, r"\d-\d")  # a baseline's ratios are all 1: no range
     self.assertIn("speculative == autoregressive: yes", report.format_samples(results))
 
 
