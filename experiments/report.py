@@ -326,7 +326,8 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
   md += ["", "## Results", "",
          "tokens/s: median over interleaved repeats; speedup: vs autoregressive at the same "
          "temperature; range: lowest-highest of the repeats' own speedups (each repeat runs "
-         "every setting on every batch, interleaved), a measure of the machine's noise; accept: accepted / proposed draft tokens; E[alpha]: mean of "
+         "every setting on every batch, interleaved), a measure of the machine's noise; "
+         "accept: accepted / proposed draft tokens; E[alpha]: mean of "
          "sum_x min(p, q) over verified positions; tok/call: tokens per target forward (prefill "
          "included; tok/iteration in the next table leaves the prefill out); formula: "
          "(1 - a^(g+1)) / (1 - a) at a = E[alpha]; theory: Leviathan et al. Thm 3.8 speedup at "

@@ -532,7 +532,8 @@ def run_experiment(config, command: str | None = None) -> dict:
     base = find("hf_autoregressive" if is_hf else "autoregressive", e["temperature"])
     e["speedup"] = e["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")
     if base:  # each repeat's ratio: the two settings ran interleaved in the same pass
-      e["speedup_runs"] = [a / b for a, b in zip(e["tokens_per_s_runs"], base["tokens_per_s_runs"])]
+      e["speedup_runs"] = [a / b for a, b in zip(e["tokens_per_s_runs"],
+                                                  base["tokens_per_s_runs"])]
     # Ours vs transformers: AR vs HF greedy/sampling generate, speculative vs HF assisted.
     counterpart = {"autoregressive": ("hf_autoregressive", None),
                    "speculative": ("hf_assisted", e["gamma"])}.get(e["method"])
