@@ -60,6 +60,7 @@ stage default_b4 120 "$PY" -m experiments.run --config=configs/default.py \
   --config.output_dir="$RUNS/default_b4" --config.repeats=5 $COMMON
 stage default_b1 120 "$PY" -m experiments.run --config=configs/default.py --config.batch_size=1 \
   --config.target="$DEFAULT_DIR/target" --config.draft="$DEFAULT_DIR/draft" --config.gammas=1,2,4 \
-  --config.temperatures=0.0 --config.num_prompts=4 --config.output_dir="$RUNS/default_b1" --config.repeats=3 $COMMON
+  --config.temperatures=0.0 --config.num_prompts=4 --config.output_dir="$RUNS/default_b1" \
+  --config.repeats=3 $COMMON
 stage tests 170 "$PY" -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_speculative.py}
 echo "reports: $OUT/reports.tgz"

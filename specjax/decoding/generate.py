@@ -63,12 +63,12 @@ def pad_prompts(prompts, vocab_size: int, bucket: int = PROMPT_BUCKET, width: in
   return padded, lengths
 
 
-def _check_context(model: Transformer, role: str, longest_prompt: int, max_new_tokens: int,
+def _check_context(model: Transformer, role: str, width: int, max_new_tokens: int,
                    what: str = "prompt length"):
   limit = model.config.max_position_embeddings
-  if longest_prompt + max_new_tokens > limit:
-    raise ValueError(f"{what} {longest_prompt} + max_new_tokens {max_new_tokens} = "
-                     f"{longest_prompt + max_new_tokens} exceeds the {role} model's maximum "
+  if width + max_new_tokens > limit:
+    raise ValueError(f"{what} {width} + max_new_tokens {max_new_tokens} = "
+                     f"{width + max_new_tokens} exceeds the {role} model's maximum "
                      f"context {limit}")
 
 
@@ -114,14 +114,10 @@ def generate(
     if not 0 <= e < vocab:
       raise ValueError(f"eos_token_id {e} is outside the vocabulary [0, {vocab})")
   prompt, lengths = pad_prompts(prompts, vocab, width=prompt_width)
-  longest = int(lengths.max())
-
-  def check_fits(m: Transformer, role: str):
-    _check_context(m, role, longest, max_new_tokens)
-    if prompt_width is not None:
-      _check_context(m, role, int(prompt_width), max_new_tokens, what="prompt_width")
-
-  check_fits(model, "target")
+  # The widest prompt the caller asked for (pad_prompts checked prompt_width >= longest prompt).
+  width, what = ((int(lengths.max()), "prompt length") if prompt_width is None else
+                 (int(prompt_width), "prompt_width"))
+  _check_context(model, "target", width, max_new_tokens, what)
 
   gamma, draft_graphdef, draft_state = 0, None, None
   if isinstance(method, Speculative):
@@ -130,7 +126,7 @@ def generate(
       raise ValueError(
           f"draft vocabulary size {draft.config.vocab_size} differs from the target's {vocab}; "
           f"target and draft must share one tokenizer (different tokenizers are not supported yet)")
-    check_fits(draft, "draft")
+    _check_context(draft, "draft", width, max_new_tokens, what)
     gamma = method.gamma
     draft_graphdef, draft_state = nnx.split(draft)
   target_graphdef, target_state = nnx.split(model)
