@@ -12,12 +12,14 @@ repeat's own ratio, whose spread the table shows as ``range``), ``acceptance_rat
 ``expected_alpha``, ``tokens_per_target_call``, ``acceptance_by_position``,
 ``theoretical_speedup`` (Leviathan et al. 2023, Thm 3.8, at the measured alpha and cost ratio c)
 and ``measured_over_theoretical``; ``verify_cost`` v (the measured gamma + 1 token verification pass
-in target steps; Thm 3.8 takes v = 1), ``row_utilisation`` (busy rows per loop iteration / batch
-size: a batch iterates until its slowest row is done), ``modelled_speedup`` (the formula with that
-v, times the speculative run's row utilisation over the autoregressive one's) and
+in target steps; Thm 3.8 takes v = 1), ``iteration_cost`` (a bare iteration -- gamma draft steps,
+then that pass, the two models in turn -- in target steps; Thm 3.8 takes gamma c + 1),
+``row_utilisation`` (busy rows per loop iteration / batch size: a batch iterates until its slowest
+row is done), ``modelled_speedup`` (Eq. 1's tokens per iteration over that iteration cost, times
+the speculative run's row utilisation over the autoregressive one's) and
 ``measured_over_modelled``, which isolates what the two models' steps do not account for (the
-loop's bookkeeping, each call's setup and prefills); plus ``cost`` (c and the
-step timings), ``config``, ``command``, ``versions``, ``machine``, ``models``, ``prompts``,
+loop's verification, rollback and bookkeeping, each call's setup and prefills); plus ``cost`` (c
+and the step timings), ``config``, ``command``, ``versions``, ``machine``, ``models``, ``prompts``,
 ``samples``.
 """
 
@@ -98,6 +100,7 @@ COLUMNS: list[Column] = [
     ("theory", lambda e: e.get("theoretical_speedup"), ".2f", True),
     ("meas/theory", lambda e: e.get("measured_over_theoretical"), ".2f", True),
     ("v", lambda e: e.get("verify_cost"), ".2f", True),
+    ("iter", lambda e: e.get("iteration_cost"), ".2f", True),
     ("meas/model", lambda e: e.get("measured_over_modelled"), ".2f", True),
     ("ours/HF", lambda e: e.get("tokens_per_s_over_hf"), ".2f", True),
     ("greedy=AR", lambda e: e.get("greedy_match", e.get("greedy_match_vs_specjax")), ".2f", True),
@@ -155,8 +158,8 @@ def leviathan_table(results: dict) -> str:
   """Per temperature and gamma: alpha, tokens per call (measured vs Eq. 1), speedup (measured vs
   Thm 3.8) -- the shape of Leviathan et al. 2023, Tables 2-3."""
   header = ["T", "gamma", "accept rate", "E[alpha]", "tok/call", "tok/iteration",
-            "(1-a^(g+1))/(1-a)", "speedup", "theory", "meas/theory", "v", "rows busy",
-            "model (c, v, busy)", "meas/model"]
+            "(1-a^(g+1))/(1-a)", "speedup", "theory", "meas/theory", "v", "iter", "rows busy",
+            "model (iter, busy)", "meas/model"]
   body = []
   for t in _temperatures(results):
     for e in _spec_rows(results, t):
@@ -165,7 +168,8 @@ def leviathan_table(results: dict) -> str:
                    _fmt(e.get("tokens_per_iteration")),
                    _fmt(e.get("expected_tokens_per_call")), _fmt(e.get("speedup")),
                    _fmt(e.get("theoretical_speedup")), _fmt(e.get("measured_over_theoretical")),
-                   _fmt(e.get("verify_cost")), _fmt(e.get("row_utilisation")),
+                   _fmt(e.get("verify_cost")), _fmt(e.get("iteration_cost")),
+                   _fmt(e.get("row_utilisation")),
                    _fmt(e.get("modelled_speedup")),
                    _fmt(e.get("measured_over_modelled"))])
   return _markdown_table(header, body) if body else ""
@@ -333,11 +337,14 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
          "(1 - a^(g+1)) / (1 - a) at a = E[alpha]; theory: Leviathan et al. Thm 3.8 speedup at "
          "E[alpha] and the cost ratio c, which takes the (gamma + 1)-token verification pass to "
          "cost one target step; meas/theory: measured over that (1 = the "
-         "formula's ideal); v: the verification pass's measured cost in target steps; "
-         "meas/model: measured over the same formula with that v, times the share of rows kept "
-         "busy (a batch iterates until its slowest row is done; 'rows busy' in the next table), "
-         "so what remains is work outside the models' steps (loop bookkeeping, each call's setup "
-         "and prefills); ours/HF (when transformers ran): specjax "
+         "formula's ideal); v: the verification pass's measured cost in target steps; iter: a "
+         "bare iteration's measured cost in target steps (gamma draft steps, then that pass, the "
+         "two models in turn, nothing else; the theory takes gamma c + 1; above gamma c + v "
+         "where the models, run in turn, each run slower than timed alone); "
+         "meas/model: measured over the formula's tokens per iteration / iter, times the share "
+         "of rows kept busy (a batch iterates until its slowest row is done; 'rows busy' in the "
+         "next table), so what remains is work outside the models' steps (verification, "
+         "rollback and bookkeeping, each call's setup and prefills); ours/HF (when transformers ran): specjax "
          "tokens/s over transformers' (autoregressive over greedy/sampling generate, "
          "speculative over assisted generation at the same gamma); hf_* rows' speedup is vs "
          "hf_autoregressive; greedy=AR: "
@@ -357,6 +364,9 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
     for g, ms in (cost.get("target_verify_ms") or {}).items():
       md.append(f"- target verification pass over gamma + 1 = {int(g) + 1} tokens: {ms:.3f} ms "
                 f"({ms / cost['target_step_ms']:.2f}x one step)")
+    for g, ms in (cost.get("iteration_ms") or {}).items():
+      md.append(f"- bare iteration at gamma = {g} (the draft's steps, then that pass): {ms:.3f} "
+                f"ms ({ms / cost['target_step_ms']:.2f}x one target step)")
     if cost.get("cost_ratio_ar") is not None:
       md.append(f"- from autoregressive tokens/s (target alone / draft alone): c = "
                 f"{cost['cost_ratio_ar']:.3f}")

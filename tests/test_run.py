@@ -118,8 +118,11 @@ class EndToEndTest(absltest.TestCase):
               and x["temperature"] == e["temperature"]][0]
         self.assertEqual(ar["row_utilisation"], 1.0)  # no EOS stopping: every row always busy
         self.assertBetween(e["row_utilisation"], 0.5, 1.0)
-        self.assertAlmostEqual(e["modelled_speedup"], metrics.expected_speedup(
-            e["expected_alpha"], e["gamma"], r["cost"]["used"], v) * e["row_utilisation"])
+        u = r["cost"]["iteration_ms"][str(e["gamma"])] / r["cost"]["target_step_ms"]
+        self.assertAlmostEqual(e["iteration_cost"], u)
+        self.assertGreater(u, 1.0)  # gamma draft steps and a 3-token pass: above one step
+        self.assertAlmostEqual(e["modelled_speedup"], metrics.expected_tokens_per_iteration(
+            e["expected_alpha"], e["gamma"]) / u * e["row_utilisation"])
         self.assertAlmostEqual(e["measured_over_modelled"], e["speedup"] / e["modelled_speedup"])
     self.assertEqual(r["cost"]["steps_per_call"], 16)
     spec_greedy = [e for e in r["settings"] if e["method"] == "speculative"
@@ -298,7 +301,8 @@ class ReportTest(absltest.TestCase):
                              acceptance_by_position=[a ** (i + 1) for i in range(g)],
                              theoretical_speedup=theory, measured_over_theoretical=0.8,
                              speedup_runs=[theory * 0.8, theory * 0.75, theory * 0.85],
-                             compile_s=2.0))
+                             verify_cost=1.25, iteration_cost=1.25 + 0.1 * g + 0.125 * g,
+                             row_utilisation=0.9, compile_s=2.0))
     return dict(name="synthetic", command="python -m experiments.run --config=x", config={},
                 cost={"used": 0.1, "used_source": "config"}, settings=settings,
                 samples={"prompt_index": 0, "prompt": "def f(", "temperature": 0.0,
@@ -324,6 +328,9 @@ class ReportTest(absltest.TestCase):
     ar_row = next(line for line in table.splitlines() if "autoregressive" in line)
     self.assertNotRegex(ar_row, r"\d-\d")  # a baseline's ratios are all 1: no range
     self.assertIn("speculative == autoregressive: yes", report.format_samples(results))
+    lev = report.leviathan_table(results)
+    self.assertIn("| v | iter | rows busy | model (iter, busy) |", lev)
+    self.assertIn("| 1.25 | 1.70 | 0.90 |", lev)  # gamma 2: gamma c + v plus the models' clash
 
 
 if __name__ == "__main__":
