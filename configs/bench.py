@@ -9,7 +9,7 @@ experiments/train.py on the standard library's source (runs/train_bench/). Batch
 XLA runs a one-row matmul as a fast matrix-vector product, so at batch 1 the target's
 (gamma + 1)-token verification pass costs 1.3-2.3 single-token steps and the gain is smaller
 (measured: 1.07-1.26x greedy, ``configs/bench.py:batch_size=1``); at batch 4 it costs 1.2-2.2
-steps (best gamma 1.46-1.74x over several runs: the host's load decides the 1.5x floor). The
+steps (best gamma 1.46-1.75x over several runs: the host's load decides the 1.5x floor). The
 README's benchmark table comes from this config and from
 ``configs/compare_hf.py:target=runs/train_bench/target,...`` (see the README).
 """
