@@ -244,12 +244,12 @@ def measure_step_costs(models: _Models, batch: int, context: int, cache_length: 
       return out
     return run
 
-  def iteration_job(gamma):
-    (tg, ts), (dg, ds) = nnx.split(models.sj["target"]), nnx.split(models.sj["draft"])
+  def iteration_job(gamma, target_split, draft_split):
     carry = {"caches": (cache_for(models.sj["target"]), cache_for(models.sj["draft"]))}
 
     def run():
-      out, *carry["caches"] = iterations(tg, ts, dg, ds, *carry["caches"], int(gamma), k)
+      out, *carry["caches"] = iterations(*target_split, *draft_split, *carry["caches"],
+                                         int(gamma), k)
       return out
     return run
 
@@ -258,8 +258,9 @@ def measure_step_costs(models: _Models, batch: int, context: int, cache_length: 
     for w in (widths if role == "target" else (1,)):
       jobs[f"{role}_w{w}"] = step_job(model, w)
   if "draft" in models.sj:
+    target_split, draft_split = nnx.split(models.sj["target"]), nnx.split(models.sj["draft"])
     for g in gammas:
-      jobs[f"iteration_g{g}"] = iteration_job(g)
+      jobs[f"iteration_g{g}"] = iteration_job(g, target_split, draft_split)
   times: dict[str, list[float]] = {name: [] for name in jobs}
   t_compile = time.perf_counter()
   for run in jobs.values():  # compile
