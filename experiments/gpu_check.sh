@@ -12,7 +12,8 @@
 #   2. the benchmark pair, greedy, gamma 1/2/4, batch 4 and batch 1 (speedup, measured vs
 #      theoretical, greedy=AR: speculative tokens identical to autoregressive ones);
 #   3. the default pair, batch 4 (its config as is: T=0 and T=1) and batch 1 (greedy);
-#   4. the speculative-decoding tests (exact-law and statistical tests, greedy exactness).
+#   4. the speculative-decoding tests (exact laws by enumeration, the law harness's statistical
+#      tests and mutation controls, greedy exactness and rollback coverage).
 # About 8 minutes on one H200, most of it compilation (3-6 s per setting and prompt width there,
 # measured when each batch still had its own width; the runner now pads all batches of a run to
 # one width). The README's GPU table comes from it.
@@ -62,5 +63,5 @@ stage default_b1 120 "$PY" -m experiments.run --config=configs/default.py --conf
   --config.target="$DEFAULT_DIR/target" --config.draft="$DEFAULT_DIR/draft" --config.gammas=1,2,4 \
   --config.temperatures=0.0 --config.num_prompts=4 --config.output_dir="$RUNS/default_b1" \
   --config.repeats=3 $COMMON
-stage tests 170 "$PY" -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_speculative.py}
+stage tests 300 "$PY" -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_speculative.py tests/test_laws.py}
 echo "reports: $OUT/reports.tgz"

@@ -391,7 +391,8 @@ class _StatsSum:
                   accepted=np.sum(stats.accepted), alpha_sum=stats.alpha_sum,
                   alpha_count=stats.alpha_count,
                   accepted_per_position=stats.accepted_per_position,
-                  proposed_per_position=stats.proposed_per_position)
+                  proposed_per_position=stats.proposed_per_position,
+                  accepted_length_counts=stats.accepted_length_counts)
     for k, v in fields.items():
       v = np.asarray(v, np.float64)
       self.sums[k] = self.sums[k] + v if k in self.sums else v
@@ -402,7 +403,8 @@ class _StatsSum:
     if not self.n:
       return dict(acceptance_rate=nan, expected_alpha=nan, tokens_per_target_call=nan,
                   tokens_per_iteration=nan, row_utilisation=nan,
-                  acceptance_by_position=[], target_calls=None, draft_calls=None)
+                  acceptance_by_position=[], accepted_length_histogram=[], target_calls=None,
+                  draft_calls=None)
     s = self.sums
     div = lambda a, b: float(a) / float(b) if float(b) else nan
     by_pos = [div(a, p) for a, p in zip(s["accepted_per_position"], s["proposed_per_position"])]
@@ -413,6 +415,9 @@ class _StatsSum:
                 tokens_per_iteration=div(s["generated"] - s["rows"],
                                          s["row_target_calls"] - s["rows"]),
                 acceptance_by_position=by_pos,
+                # Share of row-iterations that accepted exactly n drafts, n = 0..gamma.
+                accepted_length_histogram=[div(c, sum(s["accepted_length_counts"]))
+                                           for c in s["accepted_length_counts"]],
                 # Busy rows per loop iteration / batch size: a batch iterates until its slowest
                 # row is done, so ragged acceptance leaves rows idle (1.0 = none ever idle).
                 row_utilisation=div(s["row_target_calls"] - s["rows"],

@@ -109,6 +109,8 @@ class EndToEndTest(absltest.TestCase):
         self.assertBetween(e["expected_alpha"], 0.0, 1.0)
         self.assertBetween(e["tokens_per_target_call"], 1.0, 3.0)
         self.assertLen(e["acceptance_by_position"], 2)
+        self.assertLen(e["accepted_length_histogram"], 3)  # n = 0, 1, 2 drafts accepted
+        self.assertAlmostEqual(sum(e["accepted_length_histogram"]), 1.0)
         self.assertGreater(e["theoretical_speedup"], 0)
         self.assertAlmostEqual(e["measured_over_theoretical"],
                                e["speedup"] / e["theoretical_speedup"])

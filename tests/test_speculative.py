@@ -1,17 +1,16 @@
 """End-to-end tests of ``sj.Speculative`` (draft chain + rejection sampling) through the real loop.
 
-1. Exact law with tabular toy models (``tests/tabular.py``): the joint law of the first 3 generated
-   tokens, enumerated from the warped target table, vs (a) a pure-Python oracle that composes
+1. Exact law with tabular toy models (``tests/tabular.py``): the joint law of the first
+   ``max(3, gamma + 2)`` generated tokens (every draft position, the bonus and the next
+   iteration), enumerated from the warped target table, vs a pure-Python oracle that composes
    speculative iterations through the real verifier core (``verify.chain_core``, randomness
-   integrated exactly; ``tests/test_verify.Enumerator``), within 1e-6, and (b) Monte Carlo through
-   ``sj.generate`` (20k rows, chi-square p >= 1e-6), for gamma 1/2/4, temperatures 0.7/1/1.5,
-   top-k, top-p, and the edge cases q == p, disjoint supports, q(x) = 0 < p(x).
-2. Statistics with small random transformers: first two tokens vs the exact law from
-   ``sj.forward``, one prompt and ragged prompts, plus a negative control (accept every draft) that
-   the same test must reject.
-3. Greedy exactness: Speculative == Autoregressive == cache-free greedy, token for token (ragged
+   integrated exactly; ``tests/test_verify.Enumerator``), within 1e-6, for gamma 1/2/4,
+   temperatures 0.7/1/1.5, top-k, top-p, and the edge cases q == p, disjoint supports,
+   q(x) = 0 < p(x). The Monte Carlo law of the real loop (tabular and transformer models, mutation
+   controls) is in ``tests/test_laws.py``, through the law harness ``tests/lawcheck.py``.
+2. Greedy exactness: Speculative == Autoregressive == cache-free greedy, token for token (ragged
    batches, random draft and draft == target, gamma 1/3/5, EOS, budget, GPT-2 learned positions).
-4. Batch invariance and determinism; 5. no recompilation; 6. DecodeStats; 7. errors.
+3. Batch invariance and determinism; 4. no recompilation; 5. DecodeStats; 6. errors.
 
 Loop compilations dominate the runtime (each distinct gamma / sampling / batch shape / model
 structure compiles the whole loop once), so the cases below share static configurations wherever
@@ -23,7 +22,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -39,11 +37,9 @@ from specjax.models.kv_cache import init_cache
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests import tabular
-  from tests.stats_util import chi_square_pvalue
   from tests.test_verify import Enumerator, make_pair, max_law_diff, real_sampled_core
 except ImportError:  # pragma: no cover
   import tabular
-  from stats_util import chi_square_pvalue
   from test_verify import Enumerator, make_pair, max_law_diff, real_sampled_core
 
 try:
@@ -52,15 +48,12 @@ try:
 except ImportError:  # pragma: no cover - plain absltest run
   slow = lambda cls: cls
 
-P_FLOOR = 1e-6
 EXACT_TOL = 1e-6
 S = sj.Sampling
 
 # ----------------------------------------------------------------------------- tabular models
 
 TAB_V, TAB_CONTEXT = 4, 3  # vocabulary, context length (V + 1 = 5 states per context slot)
-LAW_TOKENS = 3
-N_LAW = 20_000
 MIXED = ("random", "p_topk", "q_subset", "disjoint", "close")
 
 
@@ -87,14 +80,6 @@ def tabular_pair(tables: str, seed: int):
 
 def law_dict(law: np.ndarray) -> dict:
   return {seq: float(law[seq]) for seq in itertools.product(range(law.shape[0]), repeat=law.ndim)}
-
-
-def joint_counts(tokens: np.ndarray, v: int) -> np.ndarray:
-  """Counts of each sequence of the columns of int[N, n] tokens, flattened row-major: int[v ** n]."""
-  n = tokens.shape[1]
-  assert np.all((tokens >= 0) & (tokens < v)), "a row emitted fewer tokens than expected"
-  index = sum(tokens[:, i].astype(np.int64) * v ** (n - 1 - i) for i in range(n))
-  return np.bincount(index, minlength=v ** n)
 
 
 # (name, gamma, sampling, tables, prompt). Cases sharing (gamma, sampling) share one compilation.
@@ -146,17 +131,23 @@ class TabularModelTest(parameterized.TestCase):
     self.assertGreater((law == 0).sum(), 0)  # top-k removes tokens: the law has zeros
 
 
+def oracle_tokens(gamma: int) -> int:
+  """Tokens whose law the oracle checks: the bonus (position gamma + 1) and the next iteration."""
+  return max(3, gamma + 2)
+
+
 class OracleLawTest(parameterized.TestCase):
   """A pure-Python oracle of the speculative chain (the real verifier core, every random choice
-  integrated exactly, iterations composed) over the warped tables: the law of the first 3 tokens
-  equals the warped target's within 1e-6."""
+  integrated exactly, iterations composed) over the warped tables: the law of the first
+  ``oracle_tokens(gamma)`` tokens equals the warped target's within 1e-6."""
 
   @parameterized.named_parameters(*TABULAR_CASES, *ORACLE_ONLY_CASES)
   def test_oracle_law(self, gamma, sampling, tables, prompt):
     target, draft = tabular_pair(tables, _seed(tables))
     pair = tabular.TablePair(target, draft, sampling)  # the draft is warped with the same Sampling
-    law = Enumerator(pair, gamma, real_sampled_core).law(LAW_TOKENS, tuple(prompt))
-    expected = law_dict(tabular.exact_law(target, prompt, LAW_TOKENS, sampling))
+    tokens = oracle_tokens(gamma)
+    law = Enumerator(pair, gamma, real_sampled_core).law(tokens, tuple(prompt))
+    expected = law_dict(tabular.exact_law(target, prompt, tokens, sampling))
     self.assertAlmostEqual(sum(law.values()), 1.0, delta=EXACT_TOL)
     self.assertLess(max_law_diff(law, expected), EXACT_TOL)
 
@@ -174,6 +165,12 @@ def check_stats(test: absltest.TestCase, out, gamma: int):
   test.assertEqual(int(per_pos.sum()), int(accepted.sum()))
   test.assertTrue(np.all(np.diff(per_pos) <= 0), msg=f"accepted_per_position {per_pos}")
   np.testing.assert_array_equal(s.proposed_per_position, iters.sum())
+  # The accepted-length histogram: one count per row-iteration, and it adds up to the accepted.
+  counts = np.asarray(s.accepted_length_counts)
+  test.assertEqual(counts.shape, (gamma + 1,))
+  test.assertEqual(int(counts.sum()), int(iters.sum()))
+  test.assertEqual(int(np.dot(counts, np.arange(gamma + 1))), int(accepted.sum()))
+  np.testing.assert_array_equal(per_pos, counts[::-1].cumsum()[::-1][1:])  # n >= i + 1
   test.assertEqual(int(s.target_calls), int(calls.max()))
   test.assertEqual(int(s.draft_calls), 1 + gamma * (int(s.target_calls) - 1))
   np.testing.assert_array_equal(s.generated, out.lengths)
@@ -188,40 +185,6 @@ def check_stats(test: absltest.TestCase, out, gamma: int):
   test.assertAlmostEqual(s.tokens_per_target_call, out.lengths.sum() / calls.sum(), places=6)
 
 
-@slow
-class TabularLoopLawTest(parameterized.TestCase):
-  """Monte Carlo through ``sj.generate`` with tabular models: empirical joint law of the first 3
-  tokens (20k rows of one prompt) vs the exact warped target law."""
-
-  @parameterized.named_parameters(*TABULAR_CASES)
-  def test_loop_law(self, gamma, sampling, tables, prompt):
-    target, draft = tabular_pair(tables, _seed(tables))
-    out = sj.generate(target, np.tile(np.array(prompt, np.int32), (N_LAW, 1)),
-                      method=sj.Speculative(draft, gamma), sampling=sampling,
-                      max_new_tokens=LAW_TOKENS, key=jax.random.key(_seed(tables) + gamma))
-    np.testing.assert_array_equal(out.lengths, LAW_TOKENS)
-    expected = tabular.exact_law(target, prompt, LAW_TOKENS, sampling)
-    pvalue = chi_square_pvalue(joint_counts(np.asarray(out.tokens), TAB_V), expected.ravel())
-    self.assertGreater(pvalue, P_FLOOR)
-    check_stats(self, out, gamma)
-    s = out.stats
-    if tables == "equal":  # q == p: every draft is accepted, beta == 1 exactly
-      self.assertEqual(s.acceptance_rate, 1.0)
-      np.testing.assert_array_equal(s.accepted, s.proposed)
-      self.assertAlmostEqual(s.expected_alpha, 1.0, delta=1e-6)
-    elif tables == "disjoint":  # the draft only proposes tokens the target excludes
-      self.assertEqual(int(np.sum(s.accepted)), 0)
-      self.assertAlmostEqual(s.expected_alpha, 0.0, delta=1e-6)
-    else:
-      self.assertBetween(s.acceptance_rate, 0.05 if tables == "mixed" else 1e-3, 0.95)
-      # expected_alpha is the mean beta over VERIFIED positions: it estimates accepted / verified
-      # (for gamma == 1 every proposed position is verified, so it estimates acceptance_rate).
-      verified = int(s.alpha_count)
-      self.assertAlmostEqual(s.expected_alpha, np.sum(s.accepted) / verified, delta=0.02)
-      if gamma == 1:
-        self.assertAlmostEqual(s.expected_alpha, s.acceptance_rate, delta=0.02)
-
-
 # ----------------------------------------------------------------------------- transformers
 
 TF_V = 16
@@ -232,8 +195,6 @@ GPT2_CONFIG = sj.ModelConfig(model_type="gpt2", vocab_size=TF_V, hidden_size=32,
                              num_heads=4, intermediate_size=64, max_position_embeddings=24)
 HEAD_SCALE = 12.0  # std-0.02 heads give near-uniform laws; this gives entropy ~2 nats of 2.77
 DRAFT_NOISE = 0.7  # noisy copy of the target: acceptance ~0.5-0.6 at temperature 1
-N_TF = 20_000
-PROMPT_A, PROMPT_B = (3, 1, 4, 1, 5), (2, 7)
 
 
 def _map_params(model, fn):
@@ -262,86 +223,6 @@ def noisy_copy(config: sj.ModelConfig, seed: int, noise: float = DRAFT_NOISE):
     return y + noise * jnp.std(y) * jax.random.normal(k, y.shape) if y.ndim == 2 else y
 
   return _map_params(sj.init_model(config, jax.random.key(seed)), perturb)
-
-
-def transformer_law(model, prompt, sampling) -> np.ndarray:
-  """Exact joint law float64[V, V] of the first two tokens after ``prompt``, from ``sj.forward``:
-  row t of one batch of V continuations ``prompt + [t]`` gives the second token's law."""
-  v = model.config.vocab_size
-  continuations = np.concatenate([np.tile(prompt, (v, 1)), np.arange(v)[:, None]], axis=1)
-  logits = sj.forward(model, continuations)
-  p1 = np.asarray(sampling_lib.probabilities(logits[0, -2], sampling), np.float64)
-  p2 = np.asarray(sampling_lib.probabilities(logits[:, -1], sampling), np.float64)
-  return p1[:, None] * p2
-
-
-def accept_every_draft(key, p, q, draft_tokens):
-  """A deliberately WRONG rule: accept all gamma drafts, then a bonus from p[gamma]."""
-  del q
-  g = draft_tokens.shape[0]
-  return verify.ChainVerdict(num_accepted=jnp.int32(g),
-                             next_token=sampling_lib.sample_from_probs(key, p[g]),
-                             accept_prob=jnp.ones((g,), jnp.float32))
-
-
-@slow
-class TransformerLawTest(parameterized.TestCase):
-  """20k samples of the first two new tokens from small random transformers vs ``sj.forward``."""
-
-  GAMMA = 2
-
-  def _run(self, prompts, sampling, seed):
-    target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 1)
-    out = sj.generate(target, prompts, method=sj.Speculative(draft, self.GAMMA),
-                      sampling=sampling, max_new_tokens=2, key=jax.random.key(seed))
-    np.testing.assert_array_equal(out.lengths, 2)
-    return out, np.asarray(out.tokens)
-
-  def _pvalue(self, tokens, prompt, sampling):
-    law = transformer_law(random_transformer(TF_CONFIG, 0), prompt, sampling)
-    return chi_square_pvalue(joint_counts(tokens, TF_V), law.ravel())
-
-  def test_models_are_interesting(self):
-    target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 1)
-    law = transformer_law(target, PROMPT_A, S(1.0))
-    p1 = law.sum(1)
-    entropy = -np.sum(p1 * np.log(p1))
-    self.assertBetween(entropy, 0.8, 0.9 * np.log(TF_V))  # peaked, but not one-hot
-    p2 = law / p1[:, None]  # second-token law given each first token: it must depend on it
-    self.assertGreater(0.5 * np.abs(p2[:, None] - p2[None]).sum(-1).mean(), 0.2)
-    q1 = np.asarray(jax.nn.softmax(sj.forward(draft, np.array([PROMPT_A]))[0, -1]))
-    self.assertBetween(np.minimum(p1, q1).sum(), 0.3, 0.8)  # partial acceptance
-
-  def test_first_two_tokens_one_prompt(self):
-    out, tokens = self._run(np.tile(PROMPT_A, (N_TF, 1)), S(1.0), 10)
-    self.assertGreater(self._pvalue(tokens, PROMPT_A, S(1.0)), P_FLOOR)
-    self.assertBetween(out.stats.acceptance_rate, 0.2, 0.8)
-    check_stats(self, out, self.GAMMA)
-
-  def test_first_two_tokens_ragged_prompts(self):
-    prompts = [PROMPT_A if i % 2 else PROMPT_B for i in range(N_TF)]  # same shapes as above
-    out, tokens = self._run(prompts, S(1.0), 11)
-    self.assertGreater(self._pvalue(tokens[1::2], PROMPT_A, S(1.0)), P_FLOOR)
-    self.assertGreater(self._pvalue(tokens[0::2], PROMPT_B, S(1.0)), P_FLOOR)
-    # Mixing up the prompts' laws is detected: the test has power at this sample size.
-    self.assertLess(self._pvalue(tokens[0::2], PROMPT_A, S(1.0)), P_FLOOR)
-
-  def test_first_two_tokens_top_p(self):
-    sampling = S(1.0, top_p=0.8)
-    out, tokens = self._run(np.tile(PROMPT_A, (N_TF, 1)), sampling, 12)
-    self.assertGreater(self._pvalue(tokens, PROMPT_A, sampling), P_FLOOR)
-    self.assertLess(self._pvalue(tokens, PROMPT_A, S(1.0)), P_FLOOR)  # the warp matters
-    check_stats(self, out, self.GAMMA)
-
-  def test_negative_control_accept_every_draft_is_rejected(self):
-    # decode_jit caches traces: clear it so that the patched rule is traced, and again afterwards
-    # so that no later test reuses the wrong rule.
-    loop.decode_jit.clear_cache()
-    self.addCleanup(loop.decode_jit.clear_cache)
-    with mock.patch.object(verify, "rejection_chain", accept_every_draft):
-      out, tokens = self._run(np.tile(PROMPT_A, (N_TF, 1)), S(1.0), 10)
-    self.assertEqual(out.stats.acceptance_rate, 1.0)  # the patch really ran
-    self.assertLess(self._pvalue(tokens, PROMPT_A, S(1.0)), P_FLOOR)
 
 
 # ----------------------------------------------------------------------------- greedy

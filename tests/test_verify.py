@@ -241,6 +241,20 @@ def control_residual_is_p(u, p, q, x):
     return core._replace(next_dist=p[core.num_accepted])
 
 
+def control_bonus_from_previous_position(u, p, q, x):
+    core = verify.chain_core(u, p, q, x)
+    g = x.shape[0]
+    return core._replace(next_dist=jnp.where(core.num_accepted == g, p[g - 1], core.next_dist))
+
+
+def control_residual_not_renormalised(u, p, q, x):
+    core = verify.chain_core(u, p, q, x)
+    g = x.shape[0]
+    stop = jnp.minimum(core.num_accepted, g - 1)
+    r = jnp.maximum(p[stop] - q[stop], 0.0)  # (p - q)+ taken as the law itself
+    return core._replace(next_dist=jnp.where(core.num_accepted < g, r, core.next_dist))
+
+
 def control_soft_q_for_guess(u, p, q, x):
     return verify.chain_core(u, p, q, x)  # verifies an argmax guess against the soft draft law
 
@@ -257,7 +271,7 @@ _DETERMINISTIC = jax.jit(verify.deterministic_chain)
 class ExactLawTest(parameterized.TestCase):
     @parameterized.product(kind=KINDS, v=(3, 6))
     def test_single_step_law(self, kind, v):
-        rng = np.random.default_rng(abs(hash((kind, v))) % 2**32)
+        rng = np.random.default_rng([KINDS.index(kind), v])  # the same in every process
         for _ in range(3):
             lm = ToyLM(0, v, 0)
             lm.p[()], lm.q[()] = make_pair(rng, v, kind)
@@ -267,8 +281,8 @@ class ExactLawTest(parameterized.TestCase):
     @parameterized.parameters(
         dict(gamma=1, v=5, k=3, t=3),
         dict(gamma=2, v=4, k=2, t=3),
-        dict(gamma=4, v=3, k=2, t=3),
-        dict(gamma=4, v=4, k=1, t=2),
+        dict(gamma=4, v=3, k=2, t=6),  # the bonus (t = 5) and the next iteration (t = 6)
+        dict(gamma=4, v=4, k=1, t=5),
     )
     def test_chain_law(self, gamma, v, k, t):
         lm = ToyLM(seed=gamma * 100 + v, v=v, k=k)
@@ -279,7 +293,7 @@ class ExactLawTest(parameterized.TestCase):
     @parameterized.parameters(
         dict(gamma=1, v=5, k=3, t=3, guess=argmax_guess),
         dict(gamma=2, v=4, k=2, t=3, guess=argmax_guess),
-        dict(gamma=4, v=4, k=2, t=3, guess=argmax_guess),
+        dict(gamma=4, v=4, k=2, t=6, guess=argmax_guess),
         dict(gamma=2, v=4, k=2, t=3, guess=table_guess),
     )
     def test_deterministic_chain_law(self, gamma, v, k, t, guess):
@@ -290,15 +304,18 @@ class ExactLawTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("accept_always", control_accept_always, None),
         ("residual_is_p", control_residual_is_p, None),
+        ("bonus_from_previous_position", control_bonus_from_previous_position, None),
+        ("residual_not_renormalised", control_residual_not_renormalised, None),
         ("soft_q_for_deterministic_guess", control_soft_q_for_guess, argmax_guess),
     )
     def test_negative_controls_detected(self, control, guess):
         lm = ToyLM(seed=3, v=4, k=2, kinds=("random", "p_topk", "q_subset", "disjoint"))
         good_core = real_sampled_core if guess is None else real_deterministic_core
-        good = Enumerator(lm, 2, good_core, guess=guess).law(2)
-        bad = Enumerator(lm, 2, control, guess=guess).law(2)
-        self.assertLess(max_law_diff(good, lm.exact_law(2)), EXACT_TOL)
-        self.assertGreater(max_law_diff(bad, lm.exact_law(2)), CONTROL_MARGIN)
+        # gamma 2, 4 tokens: the bonus (token 3) and the next iteration (token 4) are in the law.
+        good = Enumerator(lm, 2, good_core, guess=guess).law(4)
+        bad = Enumerator(lm, 2, control, guess=guess).law(4)
+        self.assertLess(max_law_diff(good, lm.exact_law(4)), EXACT_TOL)
+        self.assertGreater(max_law_diff(bad, lm.exact_law(4)), CONTROL_MARGIN)
 
 
 class RuleTest(parameterized.TestCase):

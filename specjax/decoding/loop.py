@@ -79,6 +79,13 @@ def _emit(state: LoopState, emitted: jax.Array, num_emitted: jax.Array, eos_ids,
   return out, generated, done
 
 
+def committed_lengths(length: jax.Array, num_accepted: jax.Array, active: jax.Array) -> jax.Array:
+  """int32[B] target cache lengths after an iteration: ``pending`` and the ``n`` accepted drafts
+  join the context (``n + 1`` slots); the rejected drafts' slots are left past the length, which
+  is the whole rollback. Finished rows keep their length."""
+  return jnp.where(active, length + num_accepted + 1, length)
+
+
 def decode(target_graphdef, target_state, draft_graphdef, draft_state, prompt, prompt_lengths,
            key, *, gamma: int, sampling: sampling_lib.Sampling, max_new_tokens: int,
            eos_ids: tuple[int, ...], cache_length: int):
@@ -138,7 +145,7 @@ def decode(target_graphdef, target_state, draft_graphdef, draft_state, prompt, p
     out, generated, done = _emit(state, emitted, n + 1, eos_ids, max_new_tokens)
 
     length = state.target_cache.lengths
-    cache = cache.with_lengths(jnp.where(active, length + n + 1, length))
+    cache = cache.with_lengths(committed_lengths(length, n, active))
     s = state.stats
     stats = s.replace(target_calls=s.target_calls + 1, generated=generated,
                       row_target_calls=s.row_target_calls + active)
@@ -153,6 +160,8 @@ def decode(target_graphdef, target_state, draft_graphdef, draft_state, prompt, p
           accepted=s.accepted + jnp.where(active, n, 0),
           proposed_per_position=s.proposed_per_position + active.sum(),
           accepted_per_position=s.accepted_per_position + accepted.sum(0),
+          accepted_length_counts=s.accepted_length_counts + jnp.sum(
+              (n[:, None] == jnp.arange(gamma + 1)[None, :]) & active[:, None], axis=0),
           alpha_sum=s.alpha_sum + jnp.sum(jnp.where(verified, verdict.accept_prob, 0.0)),
           alpha_count=s.alpha_count + verified.sum())
     return LoopState(target_cache=cache, proposer=proposer,

@@ -30,6 +30,7 @@ class DecodeStats:
   accepted: jax.Array  # int32[B] draft tokens accepted per row (before budget/EOS truncation)
   accepted_per_position: jax.Array  # int32[G] row-iterations in which draft position i was accepted
   proposed_per_position: jax.Array  # int32[G] row-iterations in which position i was proposed
+  accepted_length_counts: jax.Array  # int32[G + 1] row-iterations that accepted exactly n drafts
   alpha_sum: jax.Array  # float32[] sum of beta over verified positions
   alpha_count: jax.Array  # int32[] number of verified positions
 
@@ -39,6 +40,7 @@ class DecodeStats:
     return cls(target_calls=zi(), draft_calls=zi(), row_target_calls=zi(batch),
                generated=zi(batch), proposed=zi(batch), accepted=zi(batch),
                accepted_per_position=zi(gamma), proposed_per_position=zi(gamma),
+               accepted_length_counts=zi(gamma + 1),
                alpha_sum=jnp.zeros((), jnp.float32), alpha_count=zi())
 
   @property
@@ -65,6 +67,13 @@ class DecodeStats:
     return np.divide(np.asarray(self.accepted_per_position), proposed,
                      out=np.full_like(proposed, np.nan), where=proposed > 0)
 
+  @property
+  def accepted_length_histogram(self) -> np.ndarray:
+    """float64[G + 1]: the fraction of row-iterations that accepted exactly n drafts, n = 0..G."""
+    counts = np.asarray(self.accepted_length_counts, np.float64)
+    total = counts.sum()
+    return counts / total if total else np.full_like(counts, np.nan)
+
   def summary(self) -> dict:
     """Plain-Python figures, for reports and JSON."""
     return dict(target_calls=int(self.target_calls), draft_calls=int(self.draft_calls),
@@ -72,4 +81,5 @@ class DecodeStats:
                 accepted=int(np.sum(self.accepted)), acceptance_rate=self.acceptance_rate,
                 tokens_per_target_call=self.tokens_per_target_call,
                 expected_alpha=self.expected_alpha,
-                acceptance_by_position=[float(x) for x in self.acceptance_by_position])
+                acceptance_by_position=[float(x) for x in self.acceptance_by_position],
+                accepted_length_counts=[int(x) for x in np.asarray(self.accepted_length_counts)])
