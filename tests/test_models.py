@@ -306,7 +306,9 @@ class CacheConsistencyTest(parameterized.TestCase):
       with mock.patch.object(transformer, "_PER_TOKEN_MAX", 0):
         contraction, contraction_cache = run()
       np.testing.assert_allclose(per_token, contraction, rtol=CACHE_TOL, atol=CACHE_TOL)
-      chex.assert_trees_all_close(per_token_cache, contraction_cache)
+      # The two forms round differently (jax 0.10.2's XLA:CPU: keys of layer 1 differ by 2e-6).
+      chex.assert_trees_all_close(per_token_cache, contraction_cache, rtol=CACHE_TOL,
+                                  atol=CACHE_TOL)
 
   def test_logits_at_one_token(self):
     model, _ = _loaded("llama")
@@ -398,8 +400,13 @@ class CacheConsistencyTest(parameterized.TestCase):
     ref = np.asarray(forward(model, batch))
     for r, (kind, b, i) in enumerate(where):
       got = tree_logits[b, i] if kind == "tree" else step_logits[b, 0]
-      np.testing.assert_allclose(np.asarray(got), ref[r, len(chains[r]) - 1], atol=CACHE_TOL,
-                                 rtol=0, err_msg=f"{kind} row {b} node {i}")
+      want = ref[r, len(chains[r]) - 1]
+      # Within 1e-5 of the row's logit scale (its largest |logit|, 2-3 here): the tree pass, the
+      # cached step and the full forward sum in different orders (jax 0.10.2's XLA:CPU: 1.05e-5
+      # on one logit of 2.3).
+      np.testing.assert_allclose(np.asarray(got), want, rtol=0,
+                                 atol=CACHE_TOL * max(1.0, float(np.abs(want).max())),
+                                 err_msg=f"{kind} row {b} node {i}")
 
 
 def _while_bodies(hlo: str) -> list[str]:
@@ -418,13 +425,16 @@ class CacheInPlaceTest(absltest.TestCase):
   def _loop_bodies(self, model, batch, gamma, sampling):
     from specjax.decoding import loop
 
+    from specjax.decoding.methods import Autoregressive, Speculative
+
     graphdef, state = nnx.split(model)
+    proposer, params = (Speculative(model, gamma) if gamma else Autoregressive()).proposer()
     width, max_new = 8, 8
     cache_length = width + max_new + gamma + 1
     hlo = loop.decode_jit.lower(
-        graphdef, state, graphdef if gamma else None, state if gamma else None,
+        graphdef, state, proposer, params,
         jnp.ones((batch, width), jnp.int32), jnp.full((batch,), width, jnp.int32),
-        jax.random.key(0), gamma=gamma, sampling=sampling, max_new_tokens=max_new, eos_ids=(),
+        jax.random.key(0), sampling=sampling, max_new_tokens=max_new, eos_ids=(),
         cache_length=cache_length).compile().as_text()
     c = model.config
     return _while_bodies(hlo), f"f32[{batch},{c.num_kv_heads},{cache_length},{c.head_dim}]"

@@ -13,7 +13,7 @@ from flax import nnx
 from specjax.decoding import loop
 from specjax.decoding.methods import Autoregressive, Speculative
 from specjax.decoding.stats import DecodeStats
-from specjax.models.transformer import Transformer, check_model
+from specjax.models.transformer import Transformer, check_context, check_model
 from specjax.sampling import Sampling
 
 PROMPT_BUCKET = 16  # prompts are right-padded to a multiple of this, to share compilations
@@ -63,15 +63,6 @@ def pad_prompts(prompts, vocab_size: int, bucket: int = PROMPT_BUCKET, width: in
   return padded, lengths
 
 
-def _check_context(model: Transformer, role: str, width: int, max_new_tokens: int,
-                   what: str = "prompt length"):
-  limit = model.config.max_position_embeddings
-  if width + max_new_tokens > limit:
-    raise ValueError(f"{what} {width} + max_new_tokens {max_new_tokens} = "
-                     f"{width + max_new_tokens} exceeds the {role} model's maximum "
-                     f"context {limit}")
-
-
 def generate(
     model: Transformer,
     prompts: Sequence[Sequence[int]] | np.ndarray | jax.Array,
@@ -93,8 +84,9 @@ def generate(
   Padded columns are masked out of attention.
   """
   check_model(model, "target")
-  if not isinstance(method, (Autoregressive, Speculative)):
-    raise ValueError(f"unknown decoding method {method!r}")
+  if not all(callable(getattr(method, name, None)) for name in ("proposer", "validate")):
+    raise ValueError(f"unknown decoding method {method!r}: give an sj method such as "
+                     f"sj.Autoregressive() or sj.Speculative(draft, gamma)")
   if not isinstance(sampling, Sampling):
     raise ValueError(f"sampling must be an sj.Sampling, got {type(sampling).__name__}")
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
@@ -117,21 +109,14 @@ def generate(
   # The widest prompt the caller asked for (pad_prompts checked prompt_width >= longest prompt).
   width, what = ((int(lengths.max()), "prompt length") if prompt_width is None else
                  (int(prompt_width), "prompt_width"))
-  _check_context(model, "target", width, max_new_tokens, what)
+  check_context(model, "target", width, max_new_tokens, what)
+  method.validate(model, width, max_new_tokens, what)
 
-  gamma, draft_graphdef, draft_state = 0, None, None
-  if isinstance(method, Speculative):
-    draft = method.draft
-    if draft.config.vocab_size != vocab:
-      raise ValueError(
-          f"draft vocabulary size {draft.config.vocab_size} differs from the target's {vocab}; "
-          f"target and draft must share one tokenizer (different tokenizers are not supported yet)")
-    _check_context(draft, "draft", width, max_new_tokens, what)
-    gamma = method.gamma
-    draft_graphdef, draft_state = nnx.split(draft)
+  proposer, proposer_params = method.proposer()
   target_graphdef, target_state = nnx.split(model)
   tokens, out_lengths, stats = loop.decode_jit(
-      target_graphdef, target_state, draft_graphdef, draft_state, jnp.asarray(prompt),
-      jnp.asarray(lengths), key, gamma=gamma, sampling=sampling, max_new_tokens=max_new_tokens,
-      eos_ids=eos_ids, cache_length=prompt.shape[1] + max_new_tokens + gamma + 1)
+      target_graphdef, target_state, proposer, proposer_params, jnp.asarray(prompt),
+      jnp.asarray(lengths), key, sampling=sampling, max_new_tokens=max_new_tokens,
+      eos_ids=eos_ids,
+      cache_length=prompt.shape[1] + max_new_tokens + proposer.num_candidates + 1)
   return GenerateOutput(tokens=tokens, lengths=out_lengths, stats=stats)

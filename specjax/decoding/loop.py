@@ -10,24 +10,27 @@ therefore depend only on its prompt, its index in the batch and the key, never o
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from specjax import sampling as sampling_lib
 from specjax import verify
 from specjax.decoding.stats import DecodeStats
-from specjax.models.kv_cache import KVCache, init_cache
-from specjax.proposers import draft_chain
+from specjax.models.kv_cache import KVCache, compact_path, init_cache
+from specjax.proposers.base import CHAIN, TREE, Candidates
 
 
 @flax.struct.dataclass
 class LoopState:
   target_cache: KVCache
-  proposer: draft_chain.DraftChainState | None
+  proposer: Any  # the proposer's own state (a pytree; None for none)
   pending: jax.Array  # int32[B] last emitted token, not yet in the target cache
-  out: jax.Array  # int32[B, max_new_tokens + gamma + 1] emitted tokens, -1 elsewhere
+  out: jax.Array  # int32[B, max_new_tokens + D + 1] emitted tokens, -1 elsewhere
   done: jax.Array  # bool[B]
   step: jax.Array  # int32[]
   stats: DecodeStats
@@ -49,12 +52,58 @@ def _draw_one(keys: jax.Array, logits: jax.Array, sampling) -> jax.Array:
   return jax.vmap(sampling_lib.sample_from_probs)(keys, sampling_lib.probabilities(logits, sampling))
 
 
-def _verify(keys, logits, drafts, q, sampling):
-  """Applies the exact verification rule to every row (``verify`` module, one row at a time)."""
+@flax.struct.dataclass
+class Verdict:
+  """One iteration's outcome per row, whatever the candidates' shape."""
+
+  path: jax.Array  # int32[B, D] accepted candidates from the root down, -1 after
+  num_accepted: jax.Array  # int32[B]
+  next_token: jax.Array  # int32[B]
+  accept_prob: jax.Array | None  # float32[B, D] chains: beta per position (None for trees)
+
+
+def _chain_verdict(verdict: verify.ChainVerdict, num: int) -> Verdict:
+  j = jnp.arange(num, dtype=jnp.int32)[None, :]
+  path = jnp.where(j < verdict.num_accepted[:, None], j, -1)
+  return Verdict(path=path, num_accepted=verdict.num_accepted, next_token=verdict.next_token,
+                 accept_prob=verdict.accept_prob)
+
+
+def _verify(keys: jax.Array, logits: jax.Array, candidates: Candidates, sampling) -> Verdict:
+  """The exact rule for these candidates, chosen at trace time from their shape and the sampling
+  (ALGORITHMS.md): greedy match (chain) or greedy walk (tree) at temperature 0; otherwise
+  rejection sampling against q for sampled chains, the one-hot rule for deterministic ones
+  (q is None), the recursive multi-candidate rule for trees (§5); no candidates: a plain draw.
+  Applied row by row (``verify`` functions take one row)."""
+  drafts = candidates.tokens
+  num = drafts.shape[1]
+  if candidates.kind == TREE:
+    tree = candidates.tree
+    children, depth = tree.children, tree.max_depth
+    if sampling.is_greedy:
+      fn = lambda argmax, tokens: verify.greedy_tree(argmax, tokens, children, depth)
+      out = jax.vmap(fn)(sampling_lib.greedy(logits), drafts)
+    else:
+      p = sampling_lib.probabilities(logits, sampling)
+      rule = candidates.rule
+      fn = lambda key, p, tokens, q: verify.sampled_tree(key, p, tokens, q, children, depth, rule)
+      out = jax.vmap(fn, in_axes=(0, 0, 0, None if candidates.q is None else 0))(
+          keys, p, drafts, candidates.q)
+    return Verdict(path=out.path, num_accepted=out.num_accepted, next_token=out.next_token,
+                   accept_prob=None)
+  if candidates.kind != CHAIN:
+    raise NotImplementedError(f"no verifier for candidates of kind {candidates.kind!r}")
+  if num == 0:
+    token = _draw_one(keys, logits[:, 0], sampling)
+    return Verdict(path=jnp.zeros((token.shape[0], 0), jnp.int32),
+                   num_accepted=jnp.zeros(token.shape, jnp.int32), next_token=token,
+                   accept_prob=jnp.zeros((token.shape[0], 0), jnp.float32))
   if sampling.is_greedy:
-    return jax.vmap(verify.greedy_chain)(sampling_lib.greedy(logits), drafts)
+    return _chain_verdict(jax.vmap(verify.greedy_chain)(sampling_lib.greedy(logits), drafts), num)
   p = sampling_lib.probabilities(logits, sampling)
-  return jax.vmap(verify.rejection_chain)(keys, p, q, drafts)
+  if candidates.q is None:
+    return _chain_verdict(jax.vmap(verify.deterministic_chain)(keys, p, drafts), num)
+  return _chain_verdict(jax.vmap(verify.rejection_chain)(keys, p, candidates.q, drafts), num)
 
 
 def _emit(state: LoopState, emitted: jax.Array, num_emitted: jax.Array, eos_ids, max_new: int):
@@ -86,19 +135,20 @@ def committed_lengths(length: jax.Array, num_accepted: jax.Array, active: jax.Ar
   return jnp.where(active, length + num_accepted + 1, length)
 
 
-def decode(target_graphdef, target_state, draft_graphdef, draft_state, prompt, prompt_lengths,
-           key, *, gamma: int, sampling: sampling_lib.Sampling, max_new_tokens: int,
-           eos_ids: tuple[int, ...], cache_length: int):
+def decode(target_graphdef, target_state, proposer, proposer_params, prompt, prompt_lengths, key,
+           *, sampling: sampling_lib.Sampling, max_new_tokens: int, eos_ids: tuple[int, ...],
+           cache_length: int):
   """Generates for a batch of right-padded prompts. Pure; jit it with the keyword args static.
 
   Args:
+    proposer: static (hashable) proposer (``specjax.proposers.base.Proposer``); it proposes
+      ``N = proposer.num_candidates`` tokens per iteration from its ``proposer_params`` (traced).
     prompt: int32[B, P] right-padded prompts; prompt_lengths: int32[B] (>= 1).
-    gamma: draft tokens per iteration (0 = autoregressive, no draft).
   Returns:
     (int32[B, max_new_tokens] tokens, -1 past each row's length; int32[B] lengths; DecodeStats)
   """
   target = nnx.merge(target_graphdef, target_state)
-  draft = None if draft_graphdef is None else nnx.merge(draft_graphdef, draft_state)
+  num, depth = proposer.num_candidates, proposer.depth
   batch = prompt.shape[0]
   rows = jnp.arange(batch)
   row_keys = _row_keys(key, batch)
@@ -108,63 +158,61 @@ def decode(target_graphdef, target_state, draft_graphdef, draft_state, prompt, p
   logits, cache = target(prompt, cache)
   cache = cache.with_lengths(prompt_lengths)
   first = _draw_one(_step_keys(row_keys, 0, 1)[:, 0], logits[rows, prompt_lengths - 1], sampling)
-  proposer = None
-  stats = DecodeStats.zeros(batch, gamma).replace(
-      target_calls=jnp.int32(1), row_target_calls=jnp.ones((batch,), jnp.int32))
-  if draft is not None:
-    proposer = draft_chain.prefill(draft, init_cache(draft.config, batch, cache_length), prompt,
-                                   prompt_lengths)
-    stats = stats.replace(draft_calls=jnp.int32(1))
-  state = LoopState(target_cache=cache, proposer=proposer, pending=first,
-                    out=jnp.full((batch, max_new_tokens + gamma + 1), -1, jnp.int32),
+  proposer_state = proposer.prefill(proposer_params, prompt, prompt_lengths, cache_length)
+  stats = DecodeStats.zeros(batch, depth).replace(
+      target_calls=jnp.int32(1), row_target_calls=jnp.ones((batch,), jnp.int32),
+      draft_calls=jnp.int32(proposer.prefill_draft_calls))
+  state = LoopState(target_cache=cache, proposer=proposer_state, pending=first,
+                    out=jnp.full((batch, max_new_tokens + depth + 1), -1, jnp.int32),
                     done=jnp.zeros((batch,), bool), step=jnp.int32(1), stats=stats)
   out, generated, done = _emit(state, first[:, None], jnp.ones((batch,), jnp.int32), eos_ids,
                                max_new_tokens)
   state = state.replace(out=out, done=done, stats=stats.replace(generated=generated))
 
   def body(state: LoopState) -> LoopState:
-    keys = _step_keys(row_keys, state.step, gamma + 1)
+    keys = _step_keys(row_keys, state.step, num + 1)
     active = ~state.done
-    if draft is None:
-      drafts = jnp.zeros((batch, 0), jnp.int32)
-      proposer = None
-    else:
-      drafts, q, proposer = draft_chain.propose(draft, state.proposer, state.pending, keys[:, 1:],
-                                                sampling, gamma)
-    tokens = jnp.concatenate([state.pending[:, None], drafts], axis=1)
-    logits, cache = target(tokens, state.target_cache)
-    if draft is None:
-      n = jnp.zeros((batch,), jnp.int32)
-      nxt = _draw_one(keys[:, 0], logits[:, 0], sampling)
-    else:
-      verdict = _verify(keys[:, 0], logits, drafts, q, sampling)
-      n, nxt = verdict.num_accepted, verdict.next_token
-    j = jnp.arange(gamma + 1)[None, :]
-    padded = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
-    emitted = jnp.where(j < n[:, None], padded, jnp.where(j == n[:, None], nxt[:, None], -1))
+    candidates, proposer_state = proposer.propose(proposer_params, state.proposer, state.pending,
+                                                  keys[:, 1:], sampling)
+    drafts = candidates.tokens
+    tree = candidates.tree
+    mask, depths = ((None, None) if tree is None else
+                    (tree.verification_mask(), np.concatenate([[0], tree.depths])))
+    logits, cache = target(jnp.concatenate([state.pending[:, None], drafts], axis=1),
+                           state.target_cache, mask, depths)
+    verdict = _verify(keys[:, 0], logits, candidates, sampling)
+    path, n, nxt = verdict.path, verdict.num_accepted, verdict.next_token
+    j = jnp.arange(depth + 1)[None, :]
+    on_path = jnp.take_along_axis(drafts, jnp.maximum(path, 0), axis=1)  # [B, D]
+    on_path = jnp.concatenate([on_path, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+    emitted = jnp.where(j < n[:, None], on_path, jnp.where(j == n[:, None], nxt[:, None], -1))
     out, generated, done = _emit(state, emitted, n + 1, eos_ids, max_new_tokens)
 
     length = state.target_cache.lengths
+    if tree is not None:  # the accepted path's entries move next to the pending token's
+      cache = compact_path(cache, path)
     cache = cache.with_lengths(committed_lengths(length, n, active))
+    proposer_state = proposer.commit(proposer_params, proposer_state, candidates, length, path,
+                                     n, active)
     s = state.stats
-    stats = s.replace(target_calls=s.target_calls + 1, generated=generated,
-                      row_target_calls=s.row_target_calls + active)
-    if draft is not None:
-      proposer = draft_chain.commit(proposer, drafts, length, n, active)
-      pos = jnp.arange(gamma)[None, :]
+    pos = jnp.arange(depth)[None, :]
+    accepted = (pos < n[:, None]) & active[:, None]
+    stats = s.replace(
+        target_calls=s.target_calls + 1, generated=generated,
+        row_target_calls=s.row_target_calls + active,
+        draft_calls=s.draft_calls + proposer.draft_calls_per_iteration,
+        proposed=s.proposed + num * active,
+        accepted=s.accepted + jnp.where(active, n, 0),
+        proposed_per_position=s.proposed_per_position + active.sum(),
+        accepted_per_position=s.accepted_per_position + accepted.sum(0),
+        accepted_length_counts=s.accepted_length_counts + jnp.sum(
+            (n[:, None] == jnp.arange(depth + 1)[None, :]) & active[:, None], axis=0))
+    if verdict.accept_prob is not None:  # Leviathan's alpha: chains only
       verified = (pos <= n[:, None]) & active[:, None]  # positions whose test actually ran
-      accepted = (pos < n[:, None]) & active[:, None]
       stats = stats.replace(
-          draft_calls=s.draft_calls + gamma,
-          proposed=s.proposed + gamma * active,
-          accepted=s.accepted + jnp.where(active, n, 0),
-          proposed_per_position=s.proposed_per_position + active.sum(),
-          accepted_per_position=s.accepted_per_position + accepted.sum(0),
-          accepted_length_counts=s.accepted_length_counts + jnp.sum(
-              (n[:, None] == jnp.arange(gamma + 1)[None, :]) & active[:, None], axis=0),
           alpha_sum=s.alpha_sum + jnp.sum(jnp.where(verified, verdict.accept_prob, 0.0)),
           alpha_count=s.alpha_count + verified.sum())
-    return LoopState(target_cache=cache, proposer=proposer,
+    return LoopState(target_cache=cache, proposer=proposer_state,
                      pending=jnp.where(active, nxt, state.pending), out=out, done=done,
                      step=state.step + 1, stats=stats)
 
@@ -173,4 +221,4 @@ def decode(target_graphdef, target_state, draft_graphdef, draft_state, prompt, p
 
 
 decode_jit = jax.jit(decode, static_argnums=(0, 2), static_argnames=(
-    "gamma", "sampling", "max_new_tokens", "eos_ids", "cache_length"))
+    "sampling", "max_new_tokens", "eos_ids", "cache_length"))

@@ -58,6 +58,16 @@ class KVCache:
     return self.replace(k=tuple(map(move, self.k)), v=tuple(map(move, self.v)))
 
 
+def compact_path(cache: KVCache, path: jax.Array) -> KVCache:
+  """After a tree pass over ``[pending, nodes]`` written at slots ``lengths + [0, N]``: moves the
+  accepted path's entries (node ``path[b, j]``, at slot ``lengths + 1 + path[b, j]``) to slots
+  ``lengths + 1 + j``, next to the pending token. Entries ``-1`` (past the path) stay put.
+  ``lengths`` is left for the caller to commit."""
+  j = jnp.arange(path.shape[1], dtype=jnp.int32)[None, :]
+  start = cache.lengths + 1
+  return cache.compact(start[:, None] + jnp.where(path >= 0, path, j), start)
+
+
 def init_cache(config: ModelConfig, batch_size: int, max_length: int) -> KVCache:
   """An empty cache (all lengths 0) of static shape for ``batch_size`` rows of ``max_length``."""
   if max_length < 1 or batch_size < 1:

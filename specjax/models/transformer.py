@@ -309,6 +309,16 @@ def check_model(model, role: str = "model") -> None:
                      f"{type(model).__name__}")
 
 
+def check_context(model, role: str, width: int, max_new_tokens: int,
+                  what: str = "prompt length") -> None:
+  """Raises unless ``width`` prompt tokens + ``max_new_tokens`` fit the model's context."""
+  limit = model.config.max_position_embeddings
+  if width + max_new_tokens > limit:
+    raise ValueError(f"{what} {width} + max_new_tokens {max_new_tokens} = "
+                     f"{width + max_new_tokens} exceeds the {role} model's maximum "
+                     f"context {limit}")
+
+
 def init_model(config: ModelConfig, key: jax.Array | int = 0) -> Transformer:
   """A ``Transformer`` with random weights (normal, std 0.02; norms at 1, biases at 0)."""
   return Transformer(config, nnx.Rngs(params=key))

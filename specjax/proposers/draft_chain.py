@@ -10,13 +10,18 @@ draft passes.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import flax.struct
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from specjax import sampling as sampling_lib
-from specjax.models.kv_cache import KVCache
+from specjax.models.kv_cache import KVCache, init_cache
 from specjax.models.transformer import Transformer
+from specjax.proposers.base import CHAIN, Candidates
 
 
 @flax.struct.dataclass
@@ -97,3 +102,43 @@ def commit(state: DraftChainState, drafts: jax.Array, target_length: jax.Array,
       cache=state.cache.with_lengths(keep(length, target_length - state.behind)),
       behind=keep(num_accepted == gamma, state.behind),
       last_draft=keep(drafts[:, -1], state.last_draft))
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftChain:
+  """The proposer of ``sj.Speculative``: a draft model's chain of ``gamma`` tokens, sampled with
+  the run's ``Sampling`` (q = their warped distributions) or greedy (deterministic, q = None).
+
+  ``graphdef`` is the draft's static graph; its weights come in as ``params`` (``nnx.split``).
+  """
+
+  graphdef: Any
+  gamma: int
+
+  @property
+  def num_candidates(self) -> int:
+    return self.gamma
+
+  @property
+  def depth(self) -> int:
+    return self.gamma
+
+  @property
+  def draft_calls_per_iteration(self) -> int:
+    return self.gamma
+
+  prefill_draft_calls = 1
+
+  def prefill(self, params, prompt, prompt_lengths, cache_length):
+    draft = nnx.merge(self.graphdef, params)
+    cache = init_cache(draft.config, prompt.shape[0], cache_length)
+    return prefill(draft, cache, prompt, prompt_lengths)
+
+  def propose(self, params, state, pending, keys, sampling):
+    tokens, q, state = propose(nnx.merge(self.graphdef, params), state, pending, keys, sampling,
+                               self.gamma)
+    return Candidates(tokens=tokens, q=q, kind=CHAIN), state
+
+  def commit(self, params, state, candidates, target_length, path, num_accepted, active):
+    del params, path  # a chain's path is its first num_accepted tokens
+    return commit(state, candidates.tokens, target_length, num_accepted, active)

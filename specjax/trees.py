@@ -1,0 +1,181 @@
+"""Static token trees (ALGORITHMS.md §7): the shapes that tree proposers fill and the loop verifies.
+
+A tree of ``N`` nodes hangs below an implicit root, the row's pending token (the last emitted
+token, not yet in the target cache). Node ``i`` has a parent ``parents[i]`` (``-1`` = the root)
+that precedes it (``parents[i] < i``: topological order, as SGLang and Medusa store trees) and a
+``rank``: its place among its siblings, which says which of the parent's top candidates it holds
+(rank 0 = the most likely child). Everything here is plain Python/numpy, fixed when the method is
+built, so shapes and masks are static under ``jit``.
+
+* ``Tree.from_paths(paths)``: Medusa-style choice lists; each path is a tuple of child ranks from
+  the root, e.g. ``[(0,), (1,), (0, 0), (0, 1)]`` (Cai et al. 2024, arXiv 2401.10774, §2.1.2 and
+  its ``medusa_choices``); every path's parent path must be in the list.
+* ``Tree.full(depth=, branching=)``: every node has ``branching`` children down to ``depth``.
+* ``Tree.chains(num=, depth=)``: ``num`` disjoint chains of ``depth`` tokens (SpecInfer's
+  multi-draft shape; ``num = 1`` is the plain speculative chain).
+
+Derived arrays: ``depths`` (1 for the root's children), ``ancestor_mask`` (node i sees node j iff j
+is i or an ancestor of i; the root is seen by all), ``paths`` (root-to-leaf node lists, padded with
+-1: Medusa's ``retrieve_indices``), ``children`` (per node, by rank, -1 padded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Iterable, Sequence
+
+import numpy as np
+
+MAX_NODES = 1024  # a target pass over more candidates than this is no longer a "decoding step"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+  """A validated static token tree; build it with ``from_paths``, ``full`` or ``chains``."""
+
+  parents: tuple[int, ...]  # parent node of each node; -1 = the root (pending token)
+  ranks: tuple[int, ...]  # each node's rank among its siblings (0 = most likely child)
+
+  def __post_init__(self):
+    parents, ranks = tuple(self.parents), tuple(self.ranks)
+    n = len(parents)
+    if n == 0:
+      raise ValueError("a token tree needs at least one node")
+    if n > MAX_NODES:
+      raise ValueError(f"a token tree of {n} nodes exceeds the limit of {MAX_NODES}")
+    if len(ranks) != n:
+      raise ValueError(f"{n} parents but {len(ranks)} ranks")
+    seen = set()
+    for i, (parent, rank) in enumerate(zip(parents, ranks)):
+      if not isinstance(parent, (int, np.integer)) or not -1 <= parent < i:
+        raise ValueError(f"node {i}'s parent {parent!r} must be -1 (the root) or an earlier node "
+                         f"(parents precede children)")
+      if not isinstance(rank, (int, np.integer)) or rank < 0:
+        raise ValueError(f"node {i}'s rank {rank!r} must be an integer >= 0")
+      if (parent, rank) in seen:
+        raise ValueError(f"node {i} repeats rank {rank} under parent {parent}")
+      seen.add((int(parent), int(rank)))
+    object.__setattr__(self, "parents", tuple(int(p) for p in parents))
+    object.__setattr__(self, "ranks", tuple(int(r) for r in ranks))
+
+  # --------------------------------------------------------------------------- constructors
+
+  @classmethod
+  def from_paths(cls, paths: Iterable[Sequence[int]]) -> "Tree":
+    """A tree from Medusa-style choice paths (tuples of child ranks from the root).
+
+    Nodes are ordered by depth, then by path, so parents precede children. Raises for an empty
+    list, an empty or repeated path, a negative rank, or a path whose parent path is missing.
+    """
+    paths = [tuple(p) for p in paths]
+    if not paths:
+      raise ValueError("a token tree needs at least one path")
+    for p in paths:
+      if not p:
+        raise ValueError("an empty path () names the root, which is implicit; give paths of "
+                         "length >= 1")
+      if any(not isinstance(r, (int, np.integer)) or isinstance(r, bool) or r < 0 for r in p):
+        raise ValueError(f"path {p}: ranks must be integers >= 0")
+    if len(set(paths)) != len(paths):
+      dup = next(p for p in paths if paths.count(p) > 1)
+      raise ValueError(f"path {dup} appears twice")
+    ordered = sorted(paths, key=lambda p: (len(p), p))
+    index = {p: i for i, p in enumerate(ordered)}
+    parents = []
+    for p in ordered:
+      if len(p) > 1 and p[:-1] not in index:
+        raise ValueError(f"path {p}'s parent path {p[:-1]} is missing: the tree would be "
+                         f"disconnected")
+      parents.append(index[p[:-1]] if len(p) > 1 else -1)
+    return cls(parents=tuple(parents), ranks=tuple(p[-1] for p in ordered))
+
+  @classmethod
+  def full(cls, *, depth: int, branching: int) -> "Tree":
+    """Every node has ``branching`` children, down to ``depth`` (sum of branching^d nodes)."""
+    _check_positive(depth=depth, branching=branching)
+    paths = [p for d in range(1, depth + 1) for p in itertools.product(range(branching), repeat=d)]
+    return cls.from_paths(paths)
+
+  @classmethod
+  def chains(cls, *, num: int, depth: int) -> "Tree":
+    """``num`` disjoint chains of ``depth`` tokens each: the i-th starts with the root's rank-i
+    child and continues with rank-0 children."""
+    _check_positive(num=num, depth=depth)
+    return cls.from_paths([(i,) + (0,) * d for i in range(num) for d in range(depth)])
+
+  # --------------------------------------------------------------------------- derived arrays
+
+  @property
+  def num_nodes(self) -> int:
+    return len(self.parents)
+
+  @functools.cached_property
+  def depths(self) -> np.ndarray:
+    """int32[N]: 1 for the root's children, parent's depth + 1 below."""
+    depths = np.zeros(self.num_nodes, np.int32)
+    for i, parent in enumerate(self.parents):
+      depths[i] = 1 if parent < 0 else depths[parent] + 1
+    return depths
+
+  @property
+  def max_depth(self) -> int:
+    return int(self.depths.max())
+
+  @functools.cached_property
+  def ancestor_mask(self) -> np.ndarray:
+    """bool[N, N]: ``[i, j]`` iff node j is node i or one of its ancestors."""
+    mask = np.eye(self.num_nodes, dtype=bool)
+    for i, parent in enumerate(self.parents):
+      if parent >= 0:
+        mask[i] |= mask[parent]
+    return mask
+
+  @functools.cached_property
+  def is_leaf(self) -> np.ndarray:
+    """bool[N]: nodes without children."""
+    leaf = np.ones(self.num_nodes, bool)
+    leaf[[p for p in self.parents if p >= 0]] = False
+    return leaf
+
+  @functools.cached_property
+  def paths(self) -> np.ndarray:
+    """int32[L, D]: the nodes on each root-to-leaf path (root excluded), -1 padded."""
+    rows = []
+    for leaf in np.flatnonzero(self.is_leaf):
+      rows.append(np.flatnonzero(self.ancestor_mask[leaf]))  # ancestors precede: sorted = path
+    out = np.full((len(rows), self.max_depth), -1, np.int32)
+    for r, nodes in enumerate(rows):
+      out[r, :len(nodes)] = nodes
+    return out
+
+  @functools.cached_property
+  def children(self) -> np.ndarray:
+    """int32[N + 1, C]: row 0 = the root's children, row i + 1 = node i's, by rank, -1 padded."""
+    kids = [[] for _ in range(self.num_nodes + 1)]
+    for i in sorted(range(self.num_nodes), key=lambda i: self.ranks[i]):
+      kids[self.parents[i] + 1].append(i)
+    width = max(1, max(len(k) for k in kids))
+    out = np.full((self.num_nodes + 1, width), -1, np.int32)
+    for row, k in enumerate(kids):
+      out[row, :len(k)] = k
+    return out
+
+  def verification_mask(self) -> np.ndarray:
+    """bool[N + 1, N + 1]: the target pass's mask over ``[pending, nodes]`` (everyone sees the
+    pending token; node i sees its ancestors and itself)."""
+    n = self.num_nodes
+    mask = np.zeros((n + 1, n + 1), bool)
+    mask[:, 0] = True
+    mask[1:, 1:] = self.ancestor_mask
+    return mask
+
+  def __repr__(self) -> str:
+    return f"Tree(nodes={self.num_nodes}, depth={self.max_depth}, leaves={int(self.is_leaf.sum())})"
+
+
+def _check_positive(**values) -> None:
+  for name, value in values.items():
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+      raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
