@@ -335,9 +335,6 @@ class ReportTest(absltest.TestCase):
     self.assertIn("| 1.25 | 1.70 | 0.90 |", lev)  # gamma 2: gamma c + v plus the models' clash
 
 
-if __name__ == "__main__":
-  absltest.main()
-
 
 class CostSplitTest(absltest.TestCase):
   """experiments/cost_split.py: per-call / per-token timing of sj.generate on tiny random models."""
@@ -388,3 +385,39 @@ class GpuCheckScriptTest(absltest.TestCase):
     with tempfile.TemporaryDirectory() as tmp:
       proc = self._script(tmp, "tests/no_such_test_file.py")
       self.assertRegex(proc.stdout, r"=== tests: rc=[1-9]")
+
+
+class TreeVsChainTest(absltest.TestCase):
+  """experiments/tree_vs_chain.py: tree specs, and the comparison on tiny random models."""
+
+  def test_parse_tree(self):
+    from experiments import tree_vs_chain
+
+    self.assertEqual(tree_vs_chain.parse_tree("full:2x3").num_nodes, 3 + 9)
+    self.assertEqual(tree_vs_chain.parse_tree("chains:2x4").num_nodes, 8)
+    comb = tree_vs_chain.parse_tree("comb:3x2")
+    self.assertEqual((comb.num_nodes, comb.max_depth), (6, 3))
+    self.assertEqual(int(comb.is_leaf.sum()), 4)  # 3 extra siblings + the spine's last node
+    for bad, message in (("full:3", "expected KIND:AxB"), ("star:2x2", "unknown kind 'star'")):
+      with self.assertRaisesRegex(ValueError, message):
+        tree_vs_chain.parse_tree(bad)
+
+  def test_compare(self):
+    import numpy as np
+
+    from experiments import random_models, tree_vs_chain
+
+    target, _ = random_models.random_pair(seed=0)
+    prompts = [list(b"def f(x):"), list(b"import os")]
+    trees = [("comb:3x2", tree_vs_chain.parse_tree("comb:3x2"))]
+    rows = tree_vs_chain.compare(target, target, prompts, ["2"], trees, max_new_tokens=9,
+                                 temperature=0.0, repeats=1)
+    self.assertEqual([r["nodes"] for r in rows], [0, 2, 6])
+    # Draft = target, greedy: every iteration accepts the whole chain / the tree's full depth;
+    # 8 tokens after the prefill: AR 1 per call, chain g=2 8/3, comb depth 3: 8/2.
+    np.testing.assert_allclose([r["tokens_per_call"] for r in rows], [1.0, 8 / 3, 4.0])
+    self.assertTrue(all(r["seconds"] > 0 for r in rows))
+
+
+if __name__ == "__main__":
+  absltest.main()

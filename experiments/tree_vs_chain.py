@@ -1,0 +1,151 @@
+"""Token trees against chains on one pair: tokens per target call and wall clock, side by side.
+
+    python -m experiments.tree_vs_chain                        # the embedded default pair
+    python -m experiments.tree_vs_chain --batch_size=1 --temperature=1
+    python -m experiments.tree_vs_chain --target=runs/train_bench/target \\
+        --draft=runs/train_bench/draft_distill --gammas=1,2,4,6,8 --trees=comb:6x3,full:3x3
+
+Runs ``sj.Autoregressive``, ``sj.Speculative`` at each gamma and ``sj.TreeSpeculative`` with each
+tree on the same prompts, interleaved over ``--repeats`` (load noise hits every method alike), and
+prints per method: tokens per target call (the prefill excluded: Eq. 1's tokens per iteration),
+nodes verified per call, tok/s and the speedup over autoregressive decoding; then the best tree's
+tokens per call over the best chain's (issue floor at T = 0: >= 1.15 for a tree of 16-64 nodes).
+
+Tree specs: ``full:DxB`` (depth D, B children per node), ``chains:NxD`` (N disjoint chains of D),
+``comb:DxW`` (the draft's top-1 chain of depth D with W - 1 extra leaf siblings at every depth:
+D x W nodes; most of a good draft's mass is on its top-1 chain).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Registered when run as a program only (experiments.cost_split defines the same names)."""
+  flags.DEFINE_string("target", "default", "as the runner's config.target: a checkpoint dir, "
+                      "'default' (the embedded pair) or 'random:NAME'")
+  flags.DEFINE_string("draft", "default", "as the runner's config.draft")
+  flags.DEFINE_string("prompts", "python-small", "built-in prompt set or a file of prompts")
+  flags.DEFINE_integer("batch_size", 4, "rows per call (the first batch_size prompts)")
+  flags.DEFINE_integer("prompt_tokens", 32, "prompts are cut to their last this many tokens")
+  flags.DEFINE_integer("max_new_tokens", 64, "tokens per row")
+  flags.DEFINE_list("gammas", ["1", "2", "3", "4", "6"], "chain lengths")
+  flags.DEFINE_list("trees", ["comb:4x2", "comb:4x4", "full:2x4", "full:3x2", "chains:2x4"],
+                    "tree specs (module docstring)")
+  flags.DEFINE_float("temperature", 0.0, "sampling temperature (0 = greedy)")
+  flags.DEFINE_integer("repeats", 3, "timed calls per method")
+
+
+def parse_tree(spec: str):
+  """``full:DxB`` / ``chains:NxD`` / ``comb:DxW`` -> sj.Tree."""
+  import specjax as sj
+  kind, _, size = spec.partition(":")
+  try:
+    a, b = (int(x) for x in size.split("x"))
+  except ValueError:
+    raise ValueError(f"tree spec {spec!r}: expected KIND:AxB, e.g. full:3x2") from None
+  if kind == "full":
+    return sj.Tree.full(depth=a, branching=b)
+  if kind == "chains":
+    return sj.Tree.chains(num=a, depth=b)
+  if kind == "comb":
+    spine = [(0,) * d for d in range(1, a + 1)]
+    return sj.Tree.from_paths(spine + [(0,) * d + (r,) for d in range(a) for r in range(1, b)])
+  raise ValueError(f"tree spec {spec!r}: unknown kind {kind!r} (full, chains, comb)")
+
+
+def compare(target, draft, prompts, gammas, trees, max_new_tokens: int, temperature: float,
+            repeats: int, seed: int = 0) -> list[dict]:
+  """One dict per method: name, nodes per call, tokens per call, median seconds."""
+  import jax
+
+  import specjax as sj
+
+  methods = [("autoregressive", sj.Autoregressive(), 0)]
+  methods += [(f"chain g={g}", sj.Speculative(draft, int(g)), int(g)) for g in gammas]
+  methods += [(f"tree {spec} ({t.num_nodes} nodes, depth {t.max_depth})",
+               sj.TreeSpeculative(draft, t), t.num_nodes) for spec, t in trees]
+  sampling = sj.Sampling(temperature=temperature)
+  rows, calls = [], []
+  for name, method, nodes in methods:
+    def call(method=method):
+      out = sj.generate(target, prompts, method, sampling, max_new_tokens=max_new_tokens,
+                        key=jax.random.key(seed))
+      jax.block_until_ready(out.tokens)
+      return out
+    out = call()  # compiles
+    s = out.stats
+    rows_iters = int(s.row_target_calls.sum()) - len(prompts)  # the prefills are not iterations
+    tokens = int(s.generated.sum()) - len(prompts)
+    rows.append(dict(method=name, nodes=nodes, tokens_per_call=tokens / max(rows_iters, 1),
+                     times=[]))
+    calls.append(call)
+  for _ in range(repeats):
+    for row, call in zip(rows, calls):
+      start = time.perf_counter()
+      call()
+      row["times"].append(time.perf_counter() - start)
+  for row in rows:
+    row["seconds"] = statistics.median(row.pop("times"))
+  return rows
+
+
+def main(argv):
+  del argv
+  import tempfile
+
+  import jax
+
+  from experiments import prompts as prompt_sets, run, runconfig
+
+  config = runconfig.base_config()
+  config.target, config.draft, config.prompts = FLAGS.target, FLAGS.draft, FLAGS.prompts
+  config.gammas = tuple(int(g) for g in FLAGS.gammas)
+  config.temperatures = (FLAGS.temperature,)
+  config.batch_size = FLAGS.batch_size
+  config.max_prompt_tokens = FLAGS.prompt_tokens
+  config.max_new_tokens = FLAGS.max_new_tokens
+  try:
+    runconfig.validate(config)
+    specs = runconfig.resolve_checkpoints(config)
+    trees = [(spec, parse_tree(spec)) for spec in FLAGS.trees]
+  except (runconfig.ConfigError, ValueError) as e:
+    raise app.UsageError(str(e)) from None
+  texts = prompt_sets.load_prompts(FLAGS.prompts)
+  if len(texts) < FLAGS.batch_size:
+    raise app.UsageError(f"--batch_size={FLAGS.batch_size} needs that many prompts; "
+                         f"{FLAGS.prompts!r} has {len(texts)}")
+  with tempfile.TemporaryDirectory() as tmpdir:
+    models = run._Models(config, specs, tmpdir)
+  target, draft = models.sj["target"], models.sj["draft"]
+  prompts = models.encode(texts[:FLAGS.batch_size], FLAGS.prompt_tokens, bool(config.add_bos))
+  print(f"target {specs['target'].spec}, draft {specs['draft'].spec}; batch {FLAGS.batch_size}, "
+        f"temperature {FLAGS.temperature}, {FLAGS.max_new_tokens} new tokens, {FLAGS.repeats} "
+        f"interleaved repeats; jax {jax.__version__} on {jax.default_backend()}")
+  rows = compare(target, draft, prompts, FLAGS.gammas, trees, FLAGS.max_new_tokens,
+                 FLAGS.temperature, FLAGS.repeats)
+  ar = rows[0]["seconds"]
+  tokens = FLAGS.batch_size * FLAGS.max_new_tokens
+  print(f"\n{'method':40s} {'nodes/call':>10s} {'tokens/call':>11s} {'tok/s':>8s} {'speedup':>8s}")
+  for r in rows:
+    print(f"{r['method']:40s} {r['nodes']:10d} {r['tokens_per_call']:11.2f} "
+          f"{tokens / r['seconds']:8.1f} {ar / r['seconds']:8.2f}")
+  chains = [r for r in rows if r["method"].startswith("chain")]
+  tree_rows = [r for r in rows if r["method"].startswith("tree")]
+  if chains and tree_rows:
+    best_chain = max(chains, key=lambda r: r["tokens_per_call"])
+    best_tree = max(tree_rows, key=lambda r: r["tokens_per_call"])
+    print(f"\nbest tree / best chain, tokens per call: {best_tree['method']} / "
+          f"{best_chain['method']} = "
+          f"{best_tree['tokens_per_call'] / best_chain['tokens_per_call']:.2f}")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
