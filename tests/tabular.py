@@ -106,7 +106,7 @@ class TabularLM(nnx.Module):
       index = index * (v + 1) + jnp.where(m <= count, from_new, from_cache)
     logits = jnp.take(self.table[...], index, axis=0)  # float32[B, T, V]
     if logits_at is not None:
-      logits = logits[:, logits_at][:, None]
+      logits = logits[:, np.asarray(logits_at, np.int32).reshape(-1)]
     return logits, cache.replace(k=new_k)
 
 

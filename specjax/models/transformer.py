@@ -214,7 +214,7 @@ class Transformer(nnx.Module):
       cache: KVCache,
       tree_mask: jax.Array | np.ndarray | None = None,
       depths: jax.Array | np.ndarray | None = None,
-      logits_at: int | None = None,
+      logits_at: int | tuple[int, ...] | None = None,
   ) -> tuple[jax.Array, KVCache]:
     """Scores ``T`` new tokens per row against the cache.
 
@@ -229,12 +229,13 @@ class Transformer(nnx.Module):
         (must include i itself). Default: causal (a chain).
       depths: int32[T] or int32[B, T]; token i is at position ``lengths + depths[i]``.
         Default: ``arange(T)``.
-      logits_at: static index of the one new token whose logits are wanted; the vocabulary
-        projection (the largest matmul of a small model) then runs for that token only.
+      logits_at: static index (or tuple of indices) of the new tokens whose logits are wanted;
+        the vocabulary projection (the largest matmul of a small model) then runs for those
+        tokens only.
 
     Returns:
-      (float32[B, T, V] logits, or float32[B, 1, V] with ``logits_at``; the cache with the new
-      entries written).
+      (float32[B, T, V] logits, or float32[B, K, V] for K indices in ``logits_at``; the cache
+      with the new entries written).
     """
     c = self.config
     b, t = tokens.shape
@@ -290,7 +291,7 @@ class Transformer(nnx.Module):
       new_k.append(k)
       new_v.append(v)
     if logits_at is not None:
-      x = x[:, logits_at][:, None]
+      x = x[:, np.asarray(logits_at, np.int32).reshape(-1)]
     x = self.final_norm(x)
     head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
     logits = jnp.dot(x, head, preferred_element_type=jnp.float32)

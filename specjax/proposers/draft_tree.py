@@ -1,10 +1,9 @@
 """A draft model expanding a static token tree level by level (SpecInfer, Miao et al. 2024, arXiv
 2305.09781; Sequoia, Chen et al. 2024, arXiv 2402.12374; ALGORITHMS.md §5, §7).
 
-Per iteration the draft runs ``depth + 1`` forwards over the whole tree ``[pending, nodes]``
-under the tree's ancestor mask (fixed shape: one compilation; nodes whose tokens are not chosen
-yet hold placeholders, which no chosen node can see). After forward ``d`` every node at depth
-``d`` has its final context, so its children are chosen from its logits:
+Per iteration the draft runs one forward per level: forward ``d`` feeds the root and every node
+of depth <= d under the tree's ancestor mask (their tokens are known by then) and projects onto
+the vocabulary only the nodes of depth ``d`` that have children, whose children it then chooses:
 
 * ``children="sampled"`` (default, T > 0): drawn one after the other *without replacement* from
   the node's warped draft law q (Gumbel-top-k, Kool et al. 2019: the top-k of ``log q + Gumbel``
@@ -18,9 +17,10 @@ argmax (token-exact greedy). The last forward writes every node's key/value into
 scratch slots, so that after verification the accepted path is compacted into place exactly as
 in the target's cache (``kv_cache.compact_path``) and the draft never lags.
 
-Cost: ``(depth + 1)`` draft forwards of ``N + 1`` tokens each, with the vocabulary projection for
-every node each time (the price of one static shape; a level-sized pass over the earlier levels'
-scratch would cut it to ``N + 1`` tokens in all).
+Cost: ``depth + 1`` draft forwards (the last over all ``N + 1`` tokens, to store their entries),
+``sum_d |depth <= d|`` tokens in all, and one vocabulary row per internal node. Feeding the
+earlier levels again is the price of the model's mask, which sees committed slots and the new
+tokens only; a pass that also read the earlier levels' scratch entries would feed each node once.
 """
 
 from __future__ import annotations
@@ -81,36 +81,37 @@ class DraftTree:
     draft = nnx.merge(self.graphdef, params)
     tree = self.tree
     batch, n = pending.shape[0], tree.num_nodes
-    width = tree.children.shape[1]
     mask = tree.verification_mask()
-    depths = np.concatenate([[0], tree.depths]).astype(np.int32)
-    parent_row = np.asarray(tree.parents, np.int32) + 1  # node i's parent's row in [pending, nodes]
+    depths = np.concatenate([[0], tree.depths]).astype(np.int32)  # rows: [pending, nodes]
+    parent_row = np.asarray(tree.parents, np.int32) + 1
     ranks = np.asarray(tree.ranks, np.int32)
+    has_children = np.zeros(n + 1, bool)
+    has_children[parent_row] = True
     sampled = self.children == "sampled" and not sampling.is_greedy
-    level_keys = jnp.swapaxes(keys[:, :tree.max_depth], 0, 1)  # [D, B]
-
-    def level(d, carry):
-      tokens, q_all = carry
-      logits, _ = draft(tokens, state.cache, mask, depths)  # [B, N + 1, V]
+    tokens = jnp.concatenate([pending[:, None], jnp.zeros((batch, n), jnp.int32)], axis=1)
+    q_all = None
+    if not sampling.is_greedy:
+      q_all = jnp.zeros((batch, n + 1, draft.config.vocab_size), jnp.float32)
+    for d in range(tree.max_depth):  # static: each level has its own (small) shapes
+      seen = np.flatnonzero(depths <= d)  # rows whose tokens are known; ancestors precede
+      parents = np.flatnonzero((depths == d) & has_children)  # rows whose children come now
+      at = tuple(int(i) for i in np.searchsorted(seen, parents))
+      logits, _ = draft(tokens[:, seen], state.cache, mask[np.ix_(seen, seen)], depths[seen],
+                        logits_at=at)  # [B, P, V]: the vocabulary projection for parents only
       if sampling.is_greedy:
         scores = logits
       else:
         q = sampling_lib.probabilities(logits, sampling)
         scores = jnp.log(q)
         if sampled:
-          gumbel = jax.vmap(lambda k: jax.random.gumbel(k, q.shape[1:], jnp.float32))(
-              level_keys[d])
-          scores = scores + gumbel
-        q_all = jnp.where((jnp.asarray(depths) == d)[None, :, None], q, q_all)
-      best = jax.lax.top_k(scores, width)[1].astype(jnp.int32)  # [B, N + 1, C]
-      chosen = best[:, parent_row, ranks]  # [B, N]: each node's token from its parent's row
-      nodes = jnp.where((jnp.asarray(tree.depths) == d + 1)[None, :], chosen, tokens[:, 1:])
-      return tokens.at[:, 1:].set(nodes), q_all
-
-    tokens = jnp.concatenate([pending[:, None], jnp.zeros((batch, n), jnp.int32)], axis=1)
-    v = draft.config.vocab_size
-    q_all = jnp.zeros((batch, n + 1, v), jnp.float32) if not sampling.is_greedy else None
-    tokens, q_all = jax.lax.fori_loop(0, tree.max_depth, level, (tokens, q_all))
+          scores = scores + jax.vmap(lambda k: jax.random.gumbel(k, q.shape[1:], jnp.float32))(
+              keys[:, d])
+        q_all = q_all.at[:, parents].set(q)
+      children = np.flatnonzero(depths == d + 1)  # rows of the nodes chosen now
+      width = int(ranks[children - 1].max()) + 1
+      best = jax.lax.top_k(scores, width)[1].astype(jnp.int32)  # [B, P, width]
+      slot = np.searchsorted(parents, parent_row[children - 1])  # each child's parent among P
+      tokens = tokens.at[:, children].set(best[:, slot, ranks[children - 1]])
     # Every node's entry into the draft's scratch slots, for compact_path after verification.
     _, cache = draft(tokens, state.cache, mask, depths, logits_at=0)
     rule = "one_hot" if sampling.is_greedy else _RULE[self.children]
