@@ -83,34 +83,16 @@ def split_costs(target, draft, prompts, gammas, lengths, repeats: int,
 
 def main(argv):
   del argv
-  import tempfile
-
   import jax
 
-  from experiments import prompts as prompt_sets, run, runconfig
+  from experiments import run, runconfig
 
-  # The runner's own config checks, checkpoint resolution ("default" builds the embedded pair on
-  # first use), model loading and prompt encoding (BOS included), so both tools time the same thing.
-  config = runconfig.base_config()
-  config.target, config.draft, config.prompts = FLAGS.target, FLAGS.draft, FLAGS.prompts
-  config.gammas = tuple(int(g) for g in FLAGS.gammas)
-  config.temperatures = (FLAGS.temperature,)
-  config.batch_size = FLAGS.batch_size
-  config.max_prompt_tokens = FLAGS.prompt_tokens
-  config.max_new_tokens = max(int(n) for n in FLAGS.lengths)
   try:
-    runconfig.validate(config)
-    specs = runconfig.resolve_checkpoints(config)
+    target, draft, prompts, specs = run.load_pair(
+        FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens,
+        FLAGS.gammas, FLAGS.temperature, max(int(n) for n in FLAGS.lengths))
   except runconfig.ConfigError as e:
     raise app.UsageError(str(e)) from None
-  texts = prompt_sets.load_prompts(FLAGS.prompts)
-  if len(texts) < FLAGS.batch_size:
-    raise app.UsageError(f"--batch_size={FLAGS.batch_size} needs that many prompts; "
-                         f"{FLAGS.prompts!r} has {len(texts)}")
-  with tempfile.TemporaryDirectory() as tmpdir:
-    models = run._Models(config, specs, tmpdir)
-  target, draft = models.sj["target"], models.sj["draft"]
-  prompts = models.encode(texts[:FLAGS.batch_size], FLAGS.prompt_tokens, bool(config.add_bos))
   print(f"target {specs['target'].spec} ({target.config.num_params() / 1e6:.2f}M), draft "
         f"{specs['draft'].spec} ({draft.config.num_params() / 1e6:.2f}M); batch "
         f"{FLAGS.batch_size}, temperature {FLAGS.temperature}, max_new_tokens "

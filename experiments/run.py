@@ -139,6 +139,31 @@ class _Models:
 # ---------------------------------------------------------------------------------------- timing
 
 
+def load_pair(target: str, draft: str, prompts: str, batch_size: int, prompt_tokens: int,
+              gammas, temperature: float, max_new_tokens: int):
+  """For the side tools (cost_split, tree_vs_chain): the runner's own config checks, checkpoint
+  resolution ("default" builds the embedded pair on first use), model loading and prompt encoding
+  (BOS included), so that every tool times the same thing. Returns (target, draft, prompts,
+  specs); raises ``runconfig.ConfigError`` with a one-line message."""
+  config = runconfig.base_config()
+  config.target, config.draft, config.prompts = target, draft, prompts
+  config.gammas = tuple(int(g) for g in gammas)
+  config.temperatures = (temperature,)
+  config.batch_size = batch_size
+  config.max_prompt_tokens = prompt_tokens
+  config.max_new_tokens = max_new_tokens
+  runconfig.validate(config)
+  specs = runconfig.resolve_checkpoints(config)
+  texts = prompts_lib.load_prompts(prompts)
+  if len(texts) < batch_size:
+    raise ConfigError(f"--batch_size={batch_size} needs that many prompts; "
+                                f"{prompts!r} has {len(texts)}")
+  with tempfile.TemporaryDirectory() as tmpdir:
+    models = _Models(config, specs, tmpdir)
+  encoded = models.encode(texts[:batch_size], prompt_tokens, bool(config.add_bos))
+  return models.sj["target"], models.sj["draft"], encoded, specs
+
+
 def _steps_fn():
   import functools
 

@@ -23,23 +23,14 @@ import time
 
 from absl import app, flags
 
+# --target, --draft, --prompts, --batch_size, --prompt_tokens, --gammas, --temperature and
+# --repeats are cost_split's flags (one registry: both tools load a pair the same way).
+from experiments import cost_split  # noqa: E402,F401  pylint: disable=wrong-import-position
+
 FLAGS = flags.FLAGS
-
-
-def define_flags() -> None:
-  """Registered when run as a program only (experiments.cost_split defines the same names)."""
-  flags.DEFINE_string("target", "default", "as the runner's config.target: a checkpoint dir, "
-                      "'default' (the embedded pair) or 'random:NAME'")
-  flags.DEFINE_string("draft", "default", "as the runner's config.draft")
-  flags.DEFINE_string("prompts", "python-small", "built-in prompt set or a file of prompts")
-  flags.DEFINE_integer("batch_size", 4, "rows per call (the first batch_size prompts)")
-  flags.DEFINE_integer("prompt_tokens", 32, "prompts are cut to their last this many tokens")
-  flags.DEFINE_integer("max_new_tokens", 64, "tokens per row")
-  flags.DEFINE_list("gammas", ["1", "2", "3", "4", "6"], "chain lengths")
-  flags.DEFINE_list("trees", ["comb:4x2", "comb:4x4", "full:2x4", "full:3x2", "chains:2x4"],
-                    "tree specs (module docstring)")
-  flags.DEFINE_float("temperature", 0.0, "sampling temperature (0 = greedy)")
-  flags.DEFINE_integer("repeats", 3, "timed calls per method")
+flags.DEFINE_integer("max_new_tokens", 64, "tokens per row")
+flags.DEFINE_list("trees", ["comb:4x2", "comb:4x4", "full:2x4", "full:3x2", "chains:2x4"],
+                  "tree specs (module docstring)")
 
 
 def parse_tree(spec: str):
@@ -98,33 +89,17 @@ def compare(target, draft, prompts, gammas, trees, max_new_tokens: int, temperat
 
 def main(argv):
   del argv
-  import tempfile
-
   import jax
 
-  from experiments import prompts as prompt_sets, run, runconfig
+  from experiments import run, runconfig
 
-  config = runconfig.base_config()
-  config.target, config.draft, config.prompts = FLAGS.target, FLAGS.draft, FLAGS.prompts
-  config.gammas = tuple(int(g) for g in FLAGS.gammas)
-  config.temperatures = (FLAGS.temperature,)
-  config.batch_size = FLAGS.batch_size
-  config.max_prompt_tokens = FLAGS.prompt_tokens
-  config.max_new_tokens = FLAGS.max_new_tokens
   try:
-    runconfig.validate(config)
-    specs = runconfig.resolve_checkpoints(config)
     trees = [(spec, parse_tree(spec)) for spec in FLAGS.trees]
+    target, draft, prompts, specs = run.load_pair(
+        FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens,
+        FLAGS.gammas, FLAGS.temperature, FLAGS.max_new_tokens)
   except (runconfig.ConfigError, ValueError) as e:
     raise app.UsageError(str(e)) from None
-  texts = prompt_sets.load_prompts(FLAGS.prompts)
-  if len(texts) < FLAGS.batch_size:
-    raise app.UsageError(f"--batch_size={FLAGS.batch_size} needs that many prompts; "
-                         f"{FLAGS.prompts!r} has {len(texts)}")
-  with tempfile.TemporaryDirectory() as tmpdir:
-    models = run._Models(config, specs, tmpdir)
-  target, draft = models.sj["target"], models.sj["draft"]
-  prompts = models.encode(texts[:FLAGS.batch_size], FLAGS.prompt_tokens, bool(config.add_bos))
   print(f"target {specs['target'].spec}, draft {specs['draft'].spec}; batch {FLAGS.batch_size}, "
         f"temperature {FLAGS.temperature}, {FLAGS.max_new_tokens} new tokens, {FLAGS.repeats} "
         f"interleaved repeats; jax {jax.__version__} on {jax.default_backend()}")
@@ -147,5 +122,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  define_flags()
+  FLAGS.set_default("gammas", ["1", "2", "3", "4", "6"])
+  FLAGS.set_default("repeats", 3)
   app.run(main)

@@ -320,6 +320,9 @@ class CacheConsistencyTest(parameterized.TestCase):
       chex.assert_shape(one, (BATCH, 1, model.config.vocab_size))
       np.testing.assert_allclose(one[:, 0], full[:, i], rtol=CACHE_TOL, atol=CACHE_TOL)
       chex.assert_trees_all_close(one_cache, full_cache)
+    some, _ = model(tokens, cache, logits_at=(4, 1))  # several tokens, in the order asked
+    chex.assert_shape(some, (BATCH, 2, model.config.vocab_size))
+    np.testing.assert_allclose(some, full[:, [4, 1]], rtol=CACHE_TOL, atol=CACHE_TOL)
 
   def test_writes_land_at_each_rows_slots_and_past_the_end_are_dropped(self):
     """New token j of row r is stored at slot lengths[r] + j and nowhere else; slots past the
