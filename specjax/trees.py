@@ -162,6 +162,17 @@ class Tree:
       out[row, :len(k)] = k
     return out
 
+  @functools.cached_property
+  def sibling_index(self) -> np.ndarray:
+    """int32[N]: each node's column in ``children`` (its place among its siblings by rank: 0, 1,
+    ... even where ranks skip values)."""
+    out = np.zeros(self.num_nodes, np.int32)
+    for row in self.children:
+      for column, node in enumerate(row):
+        if node >= 0:
+          out[node] = column
+    return out
+
   def verification_mask(self) -> np.ndarray:
     """bool[N + 1, N + 1]: the target pass's mask over ``[pending, nodes]`` (everyone sees the
     pending token; node i sees its ancestors and itself)."""

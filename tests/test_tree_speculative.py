@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover - plain absltest run
 
 S = sj.Sampling
 MEDUSA_LIKE = sj.Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+RANK_GAPS = sj.Tree.from_paths([(0,), (2,), (0, 1), (2, 3)])
 TREES = (("paths", MEDUSA_LIKE), ("full", sj.Tree.full(depth=2, branching=2)),
          ("chains", sj.Tree.chains(num=2, depth=3)))
 
@@ -90,15 +91,17 @@ class LawTest(parameterized.TestCase):
       ("sampled_t07_topk3_mixed", "sampled", S(0.7, top_k=3), "mixed", ((1, 3, 0, 2),)),
       ("sampled_t1_topp08_q_subset", "sampled", S(1.0, top_p=0.8), "q_subset", ((2, 1),)),
       ("top_k_t15_topp09_overconfident", "top_k", S(1.5, top_p=0.9), "overconfident", ((0,),)),
+      # Ranks that skip values: sampled children are still the 1st, 2nd... draws.
+      ("sampled_t1_rank_gaps", "sampled", S(1.0), "mixed", ((3, 3),), RANK_GAPS),
   )
-  def test_tabular(self, children, sampling, tables, prompts):
+  def test_tabular(self, children, sampling, tables, prompts, tree=MEDUSA_LIKE):
     name = self._testMethodName
     target, draft = (overconfident_pair(_seed(name)) if tables == "overconfident" else
                      tabular_pair(tables, _seed(tables)))
-    result = lawcheck.check_law(target, sj.TreeSpeculative(draft, MEDUSA_LIKE, children),
-                                sampling, prompts, MEDUSA_LIKE.max_depth + 3, seed=_seed(name))
+    result = lawcheck.check_law(target, sj.TreeSpeculative(draft, tree, children),
+                                sampling, prompts, tree.max_depth + 3, seed=_seed(name))
     self.assertGreater(result.pvalue, lawcheck.P_FLOOR, msg=result.summary())
-    check_tree_stats(self, result.out, MEDUSA_LIKE)
+    check_tree_stats(self, result.out, tree)
     counts = np.asarray(result.out.stats.accepted_length_counts)
     self.assertGreater(int(counts[1:].sum()), 0)  # paths are accepted
 

@@ -35,6 +35,11 @@ class ConstructionTest(parameterized.TestCase):
     np.testing.assert_array_equal(tree.children, [[0, 1], [2, 3], [-1, -1], [-1, -1], [4, -1],
                                                   [-1, -1]])
 
+  def test_sibling_index_with_rank_gaps(self):
+    tree = sj.Tree.from_paths([(0,), (2,), (0, 1), (2, 3), (2, 0)])  # (0,),(2,),(0,1),(2,0),(2,3)
+    np.testing.assert_array_equal(tree.ranks, [0, 2, 1, 0, 3])
+    np.testing.assert_array_equal(tree.sibling_index, [0, 1, 0, 0, 1])
+
   @parameterized.parameters((1, 1), (2, 2), (3, 2), (2, 4))
   def test_full(self, depth, branching):
     tree = sj.Tree.full(depth=depth, branching=branching)

@@ -84,10 +84,14 @@ class DraftTree:
     mask = tree.verification_mask()
     depths = np.concatenate([[0], tree.depths]).astype(np.int32)  # rows: [pending, nodes]
     parent_row = np.asarray(tree.parents, np.int32) + 1
-    ranks = np.asarray(tree.ranks, np.int32)
+    # Which of a parent's candidates each node holds: its rank-th most likely draft token for
+    # top-k children; for sampled ones, its place in the sampling order (the i-th draw without
+    # replacement), so that the verifier's q_i = q without the earlier siblings holds even where
+    # the tree's ranks skip values.
+    sampled = self.children == "sampled" and not sampling.is_greedy
+    ranks = np.asarray(tree.sibling_index if sampled else tree.ranks, np.int32)
     has_children = np.zeros(n + 1, bool)
     has_children[parent_row] = True
-    sampled = self.children == "sampled" and not sampling.is_greedy
     tokens = jnp.concatenate([pending[:, None], jnp.zeros((batch, n), jnp.int32)], axis=1)
     q_all = None
     if not sampling.is_greedy:
