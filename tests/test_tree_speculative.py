@@ -160,6 +160,12 @@ class ErrorsTest(absltest.TestCase):
                                 r"maximum context 3"):
       sj.generate(target, [[1]], sj.TreeSpeculative(short, MEDUSA_LIKE), max_new_tokens=2)
 
+  def test_rank_beyond_the_vocabulary(self):
+    target, draft = tabular_pair("mixed", 0)  # V = 4
+    with self.assertRaisesRegex(ValueError, r"rank-4 candidate, but the vocabulary has only 4"):
+      sj.generate(target, [[1]], sj.TreeSpeculative(draft, sj.Tree.from_paths([(0,), (4,)])),
+                  max_new_tokens=2)
+
   def test_vocabulary_mismatch(self):
     target, _ = tabular_pair("mixed", 0)
     other = random_transformer(TF_CONFIG, 0)

@@ -96,6 +96,10 @@ class TreeSpeculative:
 
   def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
     check_draft(self.draft, target, width, max_new_tokens, what)
+    vocab = target.config.vocab_size
+    if max(self.tree.ranks) >= vocab:
+      raise ValueError(f"the tree asks for a node's rank-{max(self.tree.ranks)} candidate, but "
+                       f"the vocabulary has only {vocab} tokens")
     for role, model in (("target", target), ("draft", self.draft)):
       limit = model.config.max_position_embeddings
       if self.tree.max_depth >= limit:
