@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from specjax.decoding import loop
-from specjax.decoding.methods import Autoregressive, Speculative
+from specjax.decoding.methods import Autoregressive, Speculative, TreeSpeculative
 from specjax.decoding.stats import DecodeStats
 from specjax.models.transformer import Transformer, check_context, check_model
 from specjax.sampling import Sampling
@@ -66,7 +66,7 @@ def pad_prompts(prompts, vocab_size: int, bucket: int = PROMPT_BUCKET, width: in
 def generate(
     model: Transformer,
     prompts: Sequence[Sequence[int]] | np.ndarray | jax.Array,
-    method: Autoregressive | Speculative = Autoregressive(),
+    method: Autoregressive | Speculative | TreeSpeculative = Autoregressive(),
     sampling: Sampling = Sampling(temperature=0.0),
     max_new_tokens: int = 32,
     key: jax.Array | None = None,

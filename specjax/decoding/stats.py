@@ -26,8 +26,10 @@ class DecodeStats:
   draft_calls: jax.Array  # int32[]
   row_target_calls: jax.Array  # int32[B]
   generated: jax.Array  # int32[B] tokens emitted per row (== output lengths)
-  proposed: jax.Array  # int32[B] draft tokens proposed per row
+  proposed: jax.Array  # int32[B] draft tokens (tree nodes) proposed per row
   accepted: jax.Array  # int32[B] draft tokens accepted per row (before budget/EOS truncation)
+  # G = the most drafts one iteration can accept: gamma for a chain, the depth for a tree
+  # (position i = a tree's depth i + 1).
   accepted_per_position: jax.Array  # int32[G] row-iterations in which draft position i was accepted
   proposed_per_position: jax.Array  # int32[G] row-iterations in which position i was proposed
   accepted_length_counts: jax.Array  # int32[G + 1] row-iterations that accepted exactly n drafts
