@@ -156,8 +156,8 @@ def load_pair(target: str, draft: str, prompts: str, batch_size: int, prompt_tok
   specs = runconfig.resolve_checkpoints(config)
   texts = prompts_lib.load_prompts(prompts)
   if len(texts) < batch_size:
-    raise ConfigError(f"--batch_size={batch_size} needs that many prompts; "
-                                f"{prompts!r} has {len(texts)}")
+    raise ConfigError(f"--batch_size={batch_size} needs that many prompts; {prompts!r} has "
+                      f"{len(texts)}")
   with tempfile.TemporaryDirectory() as tmpdir:
     models = _Models(config, specs, tmpdir)
   encoded = models.encode(texts[:batch_size], prompt_tokens, bool(config.add_bos))

@@ -173,14 +173,20 @@ class Tree:
           out[node] = column
     return out
 
+  @functools.cached_property
   def verification_mask(self) -> np.ndarray:
-    """bool[N + 1, N + 1]: the target pass's mask over ``[pending, nodes]`` (everyone sees the
+    """bool[N + 1, N + 1]: the mask of a pass over ``[pending, nodes]`` (everyone sees the
     pending token; node i sees its ancestors and itself)."""
     n = self.num_nodes
     mask = np.zeros((n + 1, n + 1), bool)
     mask[:, 0] = True
     mask[1:, 1:] = self.ancestor_mask
     return mask
+
+  @functools.cached_property
+  def verification_depths(self) -> np.ndarray:
+    """int32[N + 1]: the depths of ``[pending, nodes]`` (0 for the pending token)."""
+    return np.concatenate([[0], self.depths]).astype(np.int32)
 
   def __repr__(self) -> str:
     return f"Tree(nodes={self.num_nodes}, depth={self.max_depth}, leaves={int(self.is_leaf.sum())})"

@@ -34,13 +34,13 @@ from specjax.verify import rejection
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests import lawcheck, tabular
-  from tests.test_speculative import (DRAFT_NOISE, TAB_V, check_stats, forward_greedy,
+  from tests.test_speculative import (DRAFT_NOISE, TAB_V, _seed, check_stats, forward_greedy,
                                       noisy_copy, random_transformer, tabular_pair)
 except ImportError:  # pragma: no cover
   import lawcheck
   import tabular
-  from test_speculative import (DRAFT_NOISE, TAB_V, check_stats, forward_greedy, noisy_copy,
-                                random_transformer, tabular_pair)
+  from test_speculative import (DRAFT_NOISE, TAB_V, _seed, check_stats, forward_greedy,
+                                noisy_copy, random_transformer, tabular_pair)
 
 try:
   import pytest
@@ -49,11 +49,6 @@ except ImportError:  # pragma: no cover - plain absltest run
   slow = lambda cls: cls
 
 S = sj.Sampling
-
-
-def _seed(name: str) -> int:
-  """A seed from a test's name, the same in every process (unlike ``hash``)."""
-  return sum(map(ord, name)) * 7919 % 2**31
 
 
 @functools.lru_cache(maxsize=None)
@@ -319,7 +314,7 @@ DRAFT_CACHE_MUTANTS = (
 
 
 @contextlib.contextmanager
-def _patched(patches):
+def patched(patches):
   """The patches applied, with the loop's compiled traces dropped on entry and exit (so that the
   mutant is traced, and no later test reuses it)."""
   loop.decode_jit.clear_cache()
@@ -362,7 +357,7 @@ class MutationControlTest(parameterized.TestCase):
   @parameterized.named_parameters(*LAW_MUTANTS)
   def test_law_mutant_is_rejected(self, patches):
     self._assert_clean_passes(_clean())
-    with _patched(patches):
+    with patched(patches):
       mutant = _mutation_run(self._testMethodName)
     self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
 
@@ -371,7 +366,7 @@ class MutationControlTest(parameterized.TestCase):
     # the unnormalised residual alone keeps the law, and the inverse-CDF draw alone is exact.
     for patches in (((rejection, "residual", _unnormalised_residual),),
                     ((rejection, "sample_from_probs", _inverse_cdf_draw),)):
-      with _patched(patches):
+      with patched(patches):
         result = _mutation_run(self._testMethodName)
       self._assert_clean_passes(result)
 
@@ -384,7 +379,7 @@ class MutationControlTest(parameterized.TestCase):
     self.assertEqual(clean.stats.acceptance_rate, 1.0)
     self.assertEqual(lawcheck.self_draft_pvalue(clean), 1.0)
     self._assert_clean_passes(_clean())
-    with _patched(((draft_chain, "commit", _draft_rollback(offset)),)):
+    with patched(((draft_chain, "commit", _draft_rollback(offset)),)):
       mutant = _self_draft_run(self._testMethodName)
       law = _mutation_run(self._testMethodName)
     self.assertLess(lawcheck.self_draft_pvalue(mutant), lawcheck.MUTANT_CEILING)

@@ -11,7 +11,6 @@ the same guesses against a soft q instead must be rejected.
 from __future__ import annotations
 
 import dataclasses
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -24,11 +23,11 @@ from specjax.proposers.base import Candidates
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests import lawcheck
-  from tests.test_laws import overconfident_pair
+  from tests.test_laws import overconfident_pair, patched
   from tests.test_speculative import tabular_pair
 except ImportError:  # pragma: no cover
   import lawcheck
-  from test_laws import overconfident_pair
+  from test_laws import overconfident_pair, patched
   from test_speculative import tabular_pair
 
 S = sj.Sampling
@@ -104,9 +103,7 @@ class ProposerProtocolTest(absltest.TestCase):
     clean = run("clean")
     self.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
     self.assertBetween(clean.out.stats.acceptance_rate, 0.05, 0.95)  # the rule really decides
-    loop.decode_jit.clear_cache()
-    self.addCleanup(loop.decode_jit.clear_cache)
-    with mock.patch.object(loop, "_verify", _soft_q_for_the_guesses):
+    with patched(((loop, "_verify", _soft_q_for_the_guesses),)):
       mutant = run("soft_q")
     self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
 

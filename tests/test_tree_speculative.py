@@ -4,28 +4,24 @@ enumeration is in ``tests/test_tree_verify.py``."""
 
 from __future__ import annotations
 
-import contextlib
-from unittest import mock
-
 import jax
 import numpy as np
 from absl.testing import absltest, parameterized
 
 import specjax as sj
-from specjax.decoding import loop
 from specjax.proposers import draft_tree
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests import lawcheck, tabular
-  from tests.test_laws import LAW_CONFIG, _seed, law_transformer, overconfident_pair
-  from tests.test_speculative import (GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG, greedy_reference,
-                                      noisy_copy, random_transformer, tabular_pair,
-                                      truncate_at_eos)
+  from tests.test_laws import LAW_CONFIG, law_transformer, overconfident_pair, patched
+  from tests.test_speculative import (GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG, _seed,
+                                      greedy_reference, noisy_copy, random_transformer,
+                                      tabular_pair, truncate_at_eos)
 except ImportError:  # pragma: no cover
   import lawcheck
   import tabular
-  from test_laws import LAW_CONFIG, _seed, law_transformer, overconfident_pair
-  from test_speculative import (GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG, greedy_reference,
+  from test_laws import LAW_CONFIG, law_transformer, overconfident_pair, patched
+  from test_speculative import (GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG, _seed, greedy_reference,
                                 noisy_copy, random_transformer, tabular_pair, truncate_at_eos)
 
 try:
@@ -126,19 +122,10 @@ class LawTest(parameterized.TestCase):
                                           MEDUSA_LIKE.max_depth + 3, seed=_seed(name))
     clean = run("clean")
     self.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
-    with _patched(mock.patch.dict(draft_tree._RULE, {"top_k": "without_replacement"})):
+    bug = dict(draft_tree._RULE, top_k="without_replacement")
+    with patched(((draft_tree, "_RULE", bug),)):
       mutant = run("soft_q")
     self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
-
-
-@contextlib.contextmanager
-def _patched(patch):
-  loop.decode_jit.clear_cache()
-  try:
-    with patch:
-      yield
-  finally:
-    loop.decode_jit.clear_cache()
 
 
 class ErrorsTest(absltest.TestCase):

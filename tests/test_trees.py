@@ -65,7 +65,8 @@ class ConstructionTest(parameterized.TestCase):
     for i in range(n):
       self.assertEqual(set(np.flatnonzero(tree.ancestor_mask[i])), brute_ancestors(tree.parents, i))
       self.assertEqual(tree.depths[i], len(brute_ancestors(tree.parents, i)))
-    mask = tree.verification_mask()
+    mask = tree.verification_mask
+    np.testing.assert_array_equal(tree.verification_depths, [0, *tree.depths])
     self.assertTrue(mask[:, 0].all())
     np.testing.assert_array_equal(mask[0, 1:], False)
     np.testing.assert_array_equal(mask[1:, 1:], tree.ancestor_mask)
@@ -134,8 +135,7 @@ class TreePassTest(absltest.TestCase):
       return cache.with_lengths(np.array([prompt.shape[1]]))
 
     tokens = np.concatenate([[pending], nodes])[None]
-    depths = np.concatenate([[0], tree.depths])
-    tree_logits, _ = model(tokens, prefilled(), tree.verification_mask(), depths)
+    tree_logits, _ = model(tokens, prefilled(), tree.verification_mask, tree.verification_depths)
     for path in tree.paths:
       path = path[path >= 0]
       chain = np.concatenate([[pending], nodes[path]])[None]

@@ -15,7 +15,6 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from specjax import sampling as sampling_lib
@@ -177,7 +176,7 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
     drafts = candidates.tokens
     tree = candidates.tree
     mask, depths = ((None, None) if tree is None else
-                    (tree.verification_mask(), np.concatenate([[0], tree.depths])))
+                    (tree.verification_mask, tree.verification_depths))
     logits, cache = target(jnp.concatenate([state.pending[:, None], drafts], axis=1),
                            state.target_cache, mask, depths)
     verdict = _verify(keys[:, 0], logits, candidates, sampling)

@@ -50,10 +50,6 @@ class Candidates:
   tree: Any = flax.struct.field(pytree_node=False, default=None)  # sj.Tree for kind TREE
   rule: str = flax.struct.field(pytree_node=False, default="")  # tree children's rule
 
-  @property
-  def num(self) -> int:
-    return self.tokens.shape[1]
-
 
 class Proposer(Protocol):
   """Static description of a way to guess; see the module docstring."""

@@ -81,8 +81,7 @@ class DraftTree:
     draft = nnx.merge(self.graphdef, params)
     tree = self.tree
     batch, n = pending.shape[0], tree.num_nodes
-    mask = tree.verification_mask()
-    depths = np.concatenate([[0], tree.depths]).astype(np.int32)  # rows: [pending, nodes]
+    mask, depths = tree.verification_mask, tree.verification_depths  # rows: [pending, nodes]
     parent_row = np.asarray(tree.parents, np.int32) + 1
     # Which of a parent's candidates each node holds: its rank-th most likely draft token for
     # top-k children; for sampled ones, its place in the sampling order (the i-th draw without
