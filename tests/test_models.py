@@ -431,7 +431,7 @@ class CacheInPlaceTest(absltest.TestCase):
     from specjax.decoding.methods import Autoregressive, Speculative
 
     graphdef, state = nnx.split(model)
-    proposer, params = (Speculative(model, gamma) if gamma else Autoregressive()).proposer()
+    proposer, params = (Speculative(model, gamma) if gamma else Autoregressive()).proposer(model)
     width, max_new = 8, 8
     cache_length = width + max_new + gamma + 1
     hlo = loop.decode_jit.lower(

@@ -58,7 +58,7 @@ class RepeatPendingProposer:
 
 @dataclasses.dataclass(frozen=True)
 class RepeatPending:
-  """A method: one proposer, a ``validate`` and a ``proposer()``; nothing in the loop changes."""
+  """A method: one proposer, a ``validate`` and a ``proposer(target)``; nothing in the loop changes."""
 
   num: int
   name = "repeat_pending"
@@ -70,7 +70,8 @@ class RepeatPending:
   def validate(self, target, width, max_new_tokens, what):
     del target, width, max_new_tokens, what
 
-  def proposer(self):
+  def proposer(self, target):
+    del target
     return RepeatPendingProposer(self.num), None
 
 

@@ -112,7 +112,7 @@ def generate(
   check_context(model, "target", width, max_new_tokens, what)
   method.validate(model, width, max_new_tokens, what)
 
-  proposer, proposer_params = method.proposer()
+  proposer, proposer_params = method.proposer(model)
   target_graphdef, target_state = nnx.split(model)
   tokens, out_lengths, stats = loop.decode_jit(
       target_graphdef, target_state, proposer, proposer_params, jnp.asarray(prompt),

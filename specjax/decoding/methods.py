@@ -8,8 +8,9 @@ The protocol a method follows (so that ``sj.generate`` has no method-specific co
 
 * ``validate(target, width, max_new_tokens, what)`` raises a one-line ``ValueError`` for a method
   that cannot run with this target and this many tokens (called before anything compiles);
-* ``proposer()`` returns ``(proposer, params)``: the static proposer (hashable, part of the
-  compiled loop's key) and the pytree of arrays it reads (e.g. a draft's weights), passed traced.
+* ``proposer(target)`` returns ``(proposer, params)``: the static proposer (hashable, part of the
+  compiled loop's key) and the pytree of arrays it reads (e.g. a draft's weights, or the target's
+  own for a method that drafts with the target), passed traced.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class Autoregressive:
   def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
     del target, width, max_new_tokens, what
 
-  def proposer(self):
+  def proposer(self, target: Transformer):
+    del target
     return NoProposer(), None
 
 
@@ -60,7 +62,8 @@ class Speculative:
   def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
     check_draft(self.draft, target, width, max_new_tokens, what)
 
-  def proposer(self):
+  def proposer(self, target: Transformer):
+    del target
     graphdef, params = nnx.split(self.draft)
     return DraftChain(graphdef=graphdef, gamma=self.gamma), params
 
@@ -106,7 +109,8 @@ class TreeSpeculative:
         raise ValueError(f"the tree's depth {self.tree.max_depth} does not fit the {role} "
                          f"model's maximum context {limit}")
 
-  def proposer(self):
+  def proposer(self, target: Transformer):
+    del target
     graphdef, params = nnx.split(self.draft)
     return DraftTree(graphdef=graphdef, tree=self.tree, children=self.children), params
 
