@@ -25,17 +25,12 @@ import shutil
 import sys
 import time
 
+from specjax.cache import cache_root
+
 VERSION = "default-pair-v1"
 MARKER = "COMPLETE.json"
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 _CONFIG_FILE = pathlib.Path(__file__).resolve().parents[1] / "configs" / "train_default.py"
-
-
-def cache_root() -> pathlib.Path:
-  if os.environ.get("SPECJAX_CACHE"):
-    return pathlib.Path(os.environ["SPECJAX_CACHE"]).expanduser()
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
-  return pathlib.Path(base).expanduser() / "specjax"
 
 
 def default_pair_dir() -> pathlib.Path:

@@ -356,7 +356,8 @@ def load_model(path: str | os.PathLike, dtype: Any = None) -> Transformer:
 
   Args:
     path: local directory with ``config.json`` and ``model.safetensors``, or a sharded
-      ``model.safetensors.index.json`` plus the shards it lists.
+      ``model.safetensors.index.json`` plus the shards it lists; or a ``.gguf`` file (dequantized
+      and cached, see ``specjax.models.gguf``); or a name from ``checkpoints.CHECKPOINTS``.
     dtype: ``"float32"`` or ``"bfloat16"`` (or the jnp dtype); default: the checkpoint's own
       (``dtype`` / ``torch_dtype``; float16 and unknown become float32).
 
@@ -368,7 +369,11 @@ def load_model(path: str | os.PathLike, dtype: Any = None) -> Transformer:
     ValueError: unsupported ``model_type``/dtype, missing/unexpected tensor, wrong shape, or a
       truncated/corrupt safetensors file (each message names the offender).
   """
-  path = os.fspath(path)
+  from specjax.models import checkpoints, gguf  # here: gguf imports this module
+
+  path = checkpoints.resolve_path(path)
+  if path.lower().endswith(".gguf"):
+    return gguf.load_gguf(path, dtype=_dtype_name(dtype))
   if not os.path.isdir(path):
     raise FileNotFoundError(f"model directory {path} does not exist")
   config_file = os.path.join(path, CONFIG_NAME)
@@ -466,8 +471,13 @@ def save_model(model: Transformer, path: str | os.PathLike,
 
 
 def load_tokenizer(path: str | os.PathLike):
-  """``transformers.AutoTokenizer`` from a local directory (never the network)."""
-  path = os.fspath(path)
+  """``transformers.AutoTokenizer`` from a local directory, a ``.gguf`` file or a checkpoint name
+  (never the network)."""
+  from specjax.models import checkpoints, gguf
+
+  path = checkpoints.resolve_path(path)
+  if path.lower().endswith(".gguf"):
+    return gguf.load_gguf_tokenizer(path)
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer directory {path} does not exist")
   from transformers import AutoTokenizer
