@@ -122,6 +122,15 @@ def _table_cells(results: dict) -> tuple[list[str], list[list[str]]]:
   return header, body
 
 
+def _self_draft_note(results: dict) -> str:
+  """The self-speculative draft's own step cost (``run.py`` measures it apart from a draft's)."""
+  own = results["cost"]["self_speculative"]
+  skip = (results.get("config") or {}).get("skip")
+  return (f"self-speculative draft (the target without layers {list(skip or ())}): step "
+          f"{own['draft_step_ms']:.3f} ms vs target {own['target_step_ms']:.3f} ms, c = "
+          f"{own['cost_ratio']:.3f}")
+
+
 def format_table(results: dict) -> str:
   """The main table as aligned plain text (what the runner prints)."""
   header, body = _table_cells(results)
@@ -139,6 +148,8 @@ def format_table(results: dict) -> str:
                  f"{cost['draft_step_ms']:.3f} ms")
   if cost.get("cost_ratio_ar") is not None:
     notes.append(f"c from AR tokens/s = {cost['cost_ratio_ar']:.3f}")
+  if cost.get("self_speculative"):
+    notes.append(_self_draft_note(results))
   for t, o in (results.get("optimal_gamma") or {}).items():
     notes.append(f"T={float(t):g}: formula's optimal gamma {o['gamma']} (alpha {o['alpha']:.3f}, "
                  f"speedup {o['speedup']:.2f})")
@@ -186,7 +197,7 @@ def format_samples(results: dict, width: int = 100) -> str:
     out.append(f"  {label:<28} {repr(text)[:width]}")
   if s["temperature"] == 0:
     ar = [t for k, t in texts.items() if k.startswith("autoregressive ")]
-    specs = [t for k, t in texts.items() if k.startswith("speculative ")]
+    specs = [t for k, t in texts.items() if k.startswith(("speculative ", "self_speculative "))]
     if ar and specs:
       same = all(t == ar[0] for t in specs)
       out.append("  speculative == autoregressive: " + ("yes, token for token" if same else
@@ -371,6 +382,8 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
     if cost.get("cost_ratio_ar") is not None:
       md.append(f"- from autoregressive tokens/s (target alone / draft alone): c = "
                 f"{cost['cost_ratio_ar']:.3f}")
+    if cost.get("self_speculative"):
+      md.append(f"- {_self_draft_note(results)} (self_speculative rows use it)")
     md.append(f"- used for the theory: c = {_fmt(cost.get('used'), '.3f')} "
               f"({cost.get('used_source')})")
     for t, o in (results.get("optimal_gamma") or {}).items():

@@ -64,7 +64,7 @@ def make_settings(config) -> list[dict]:
   settings = []
   for t in config.temperatures:
     for m in config.methods:
-      gammas = tuple(config.gammas) if m in ("speculative", "hf_assisted") else (None,)
+      gammas = tuple(config.gammas) if m in runconfig.GAMMA_METHODS else (None,)
       for g in gammas:
         settings.append(dict(method=m, gamma=g, temperature=float(t), top_k=int(config.top_k),
                              top_p=float(config.top_p)))
@@ -139,14 +139,17 @@ class _Models:
 # ---------------------------------------------------------------------------------------- timing
 
 
-def load_pair(target: str, draft: str, prompts: str, batch_size: int, prompt_tokens: int,
+def load_pair(target: str, draft: str | None, prompts: str, batch_size: int, prompt_tokens: int,
               gammas, temperature: float, max_new_tokens: int):
-  """For the side tools (cost_split, tree_vs_chain): the runner's own config checks, checkpoint
-  resolution ("default" builds the embedded pair on first use), model loading and prompt encoding
-  (BOS included), so that every tool times the same thing. Returns (target, draft, prompts,
-  specs); raises ``runconfig.ConfigError`` with a one-line message."""
+  """For the side tools (cost_split, tree_vs_chain, search_skip): the runner's own config checks,
+  checkpoint resolution ("default" builds the embedded pair on first use), model loading and
+  prompt encoding (BOS included), so that every tool times the same thing. Returns (target, draft,
+  prompts, specs), the draft None (not loaded) when ``draft`` is None; raises
+  ``runconfig.ConfigError`` with a one-line message."""
   config = runconfig.base_config()
-  config.target, config.draft, config.prompts = target, draft, prompts
+  config.target, config.draft, config.prompts = target, draft or runconfig.DEFAULT, prompts
+  if draft is None:
+    config.methods = ("autoregressive",)
   config.gammas = tuple(int(g) for g in gammas)
   config.temperatures = (temperature,)
   config.batch_size = batch_size
@@ -161,7 +164,7 @@ def load_pair(target: str, draft: str, prompts: str, batch_size: int, prompt_tok
   with tempfile.TemporaryDirectory() as tmpdir:
     models = _Models(config, specs, tmpdir)
   encoded = models.encode(texts[:batch_size], prompt_tokens, bool(config.add_bos))
-  return models.sj["target"], models.sj["draft"], encoded, specs
+  return models.sj["target"], models.sj.get("draft"), encoded, specs
 
 
 def _steps_fn():
@@ -232,13 +235,14 @@ def _bare_iterations_fn():
   return iterations
 
 
-def measure_step_costs(models: _Models, batch: int, context: int, cache_length: int,
+def measure_step_costs(models: _Models | dict, batch: int, context: int, cache_length: int,
                        widths=(1,), gammas=(), steps_per_call: int = 16,
                        min_seconds: float = 0.3, max_iters: int = 100) -> dict:
-  """Median seconds of one decoding step of each model (target at every width in ``widths``,
-  draft at width 1) at ``batch`` rows, with ``context`` tokens already in a cache of
-  ``cache_length`` slots; and, for each ``gammas`` entry, of one bare speculative iteration
-  (``_bare_iterations_fn``: gamma draft steps, then a gamma + 1 token target pass).
+  """Median seconds of one decoding step of each model (``models``: the runner's, or a dict
+  ``{"target": ..., "draft": ...}``; target at every width in ``widths``, draft at width 1) at
+  ``batch`` rows, with ``context`` tokens already in a cache of ``cache_length`` slots; and, for
+  each ``gammas`` entry, of one bare speculative iteration (``_bare_iterations_fn``: gamma draft
+  steps, then a gamma + 1 token target pass).
 
   Each call runs ``steps_per_call`` steps inside one jitted ``fori_loop``, as the decoding loop
   does, so the per-call dispatch cost (which dwarfs a tiny draft's step when timed one jitted call
@@ -254,6 +258,7 @@ def measure_step_costs(models: _Models, batch: int, context: int, cache_length: 
 
   steps, iterations = _steps_fn(), _bare_iterations_fn()
   k = int(steps_per_call)
+  sj_models = models if isinstance(models, dict) else models.sj
 
   def cache_for(model):
     return init_cache(model.config, batch, cache_length).with_lengths(
@@ -270,7 +275,7 @@ def measure_step_costs(models: _Models, batch: int, context: int, cache_length: 
     return run
 
   def iteration_job(gamma, target_split, draft_split):
-    carry = {"caches": (cache_for(models.sj["target"]), cache_for(models.sj["draft"]))}
+    carry = {"caches": (cache_for(sj_models["target"]), cache_for(sj_models["draft"]))}
 
     def run():
       out, *carry["caches"] = iterations(*target_split, *draft_split, *carry["caches"],
@@ -279,11 +284,11 @@ def measure_step_costs(models: _Models, batch: int, context: int, cache_length: 
     return run
 
   jobs = {}  # name -> a call running k steps
-  for role, model in models.sj.items():
+  for role, model in sj_models.items():
     for w in (widths if role == "target" else (1,)):
       jobs[f"{role}_w{w}"] = step_job(model, w)
-  if "draft" in models.sj:
-    target_split, draft_split = nnx.split(models.sj["target"]), nnx.split(models.sj["draft"])
+  if "draft" in sj_models:
+    target_split, draft_split = nnx.split(sj_models["target"]), nnx.split(sj_models["draft"])
     for g in gammas:
       jobs[f"iteration_g{g}"] = iteration_job(g, target_split, draft_split)
   times: dict[str, list[float]] = {name: [] for name in jobs}
@@ -312,6 +317,15 @@ def measure_step_costs(models: _Models, batch: int, context: int, cache_length: 
   return result
 
 
+def modelled_speedup(alpha: float, gamma: int, iteration_cost: float, busy: float = 1.0) -> float:
+  """The runs' cost model: Eq. 1's expected tokens per iteration (Leviathan et al. 2023) over a
+  bare iteration's measured cost in target steps (``measure_step_costs``), times the rows kept
+  busy (vs the autoregressive baseline's). What it leaves out is the loop's own work:
+  verification, rollback, bookkeeping, each call's setup and prefills."""
+  from specjax import metrics
+  return metrics.expected_tokens_per_iteration(alpha, gamma) / iteration_cost * busy
+
+
 class _Runner:
   """Runs one setting on one batch; returns (seconds, tokens int32[B, N] with -1 padding, stats)."""
 
@@ -338,6 +352,9 @@ class _Runner:
       elif s["method"] == "speculative":
         self.methods[key] = ("target", sj.Speculative(draft=self.models.sj["draft"],
                                                       gamma=int(s["gamma"])))
+      elif s["method"] == "self_speculative":
+        self.methods[key] = ("target", sj.SelfSpeculative(skip=tuple(self.config.skip),
+                                                          gamma=int(s["gamma"])))
     return self.methods[key]
 
   def __call__(self, s: dict, batch: list[list[int]], key_seed: tuple[int, int]):
@@ -534,19 +551,28 @@ def run_experiment(config, command: str | None = None) -> dict:
     # The cost ratio c: one draft step vs one target step, inside a jitted loop, at the run's
     # batch size.
     cost: dict[str, Any] = {}
+    context = int(np.mean(prompt_lengths)) + int(config.max_new_tokens) // 2
+    cache_len = (max(prompt_lengths) + int(config.max_new_tokens)
+                 + max(tuple(config.gammas) or (0,)) + 2)
     if "draft" in models.sj:
       spec_gammas = tuple(int(g) for g in config.gammas) if any(
           m == "speculative" for m in config.methods) else ()
       widths = (1,) + tuple(g + 1 for g in spec_gammas)
-      context = int(np.mean(prompt_lengths)) + int(config.max_new_tokens) // 2
-      cache_len = (max(prompt_lengths) + int(config.max_new_tokens)
-                   + max(tuple(config.gammas) or (0,)) + 2)
       _log(f"[run] measuring the draft/target cost ratio (decoding steps in a jitted loop, "
            f"batch {bsz}, context {context})")
       cost = measure_step_costs(models, bsz, context, cache_len, widths=widths,
                                 gammas=spec_gammas)
       _log(f"[run]   target step {cost['target_step_ms']:.3f} ms, draft step "
            f"{cost['draft_step_ms']:.3f} ms: c = {cost['cost_ratio']:.3f}")
+    if "self_speculative" in config.methods:  # the same for the target without layers skip
+      from specjax.models.transformer import skip_layers
+      gammas = tuple(int(g) for g in config.gammas)
+      view = skip_layers(models.sj["target"], tuple(config.skip))
+      cost["self_speculative"] = measure_step_costs(
+          {"target": models.sj["target"], "draft": view}, bsz, context, cache_len,
+          widths=(1,) + tuple(g + 1 for g in gammas), gammas=gammas)
+      _log(f"[run]   self-speculative draft (skip {list(config.skip)}): c = "
+           f"{cost['self_speculative']['cost_ratio']:.3f}")
 
     runner = _Runner(config, models, prompt_width=max(prompt_lengths))
     records = [dict(s, warmup_s=0.0, times=[], tokens=[], stats=_StatsSum(), outputs=None)
@@ -645,26 +671,26 @@ def run_experiment(config, command: str | None = None) -> dict:
         e["tokens_per_s_over_hf_assisted"] = e["tokens_per_s_over_hf"]
     if is_hf and e["temperature"] == 0.0 and find("autoregressive", 0.0) is not None:
       e["greedy_match_vs_specjax"] = _match(records, e, find("autoregressive", 0.0))
-    if e["method"] == "speculative":
+    if e["method"] in ("speculative", "self_speculative"):
+      # Each draft against its own costs: the self-speculative draft's were measured apart.
+      pair_cost, ratio = cost, cost_ratio
+      if e["method"] == "self_speculative":
+        pair_cost = cost["self_speculative"]
+        ratio = pair_cost["cost_ratio"]
       alpha = e["expected_alpha"]
       a = min(max(alpha, 0.0), 1.0) if alpha == alpha else None  # None: no verified position
-      if cost_ratio is not None and a is not None:
-        e["theoretical_speedup"] = metrics.expected_speedup(a, e["gamma"], cost_ratio)
+      if ratio is not None and a is not None:
+        e["theoretical_speedup"] = metrics.expected_speedup(a, e["gamma"], ratio)
         e["measured_over_theoretical"] = e["speedup"] / e["theoretical_speedup"]
-        verify_ms = (cost.get("target_verify_ms") or {}).get(str(e["gamma"]))
+        verify_ms = (pair_cost.get("target_verify_ms") or {}).get(str(e["gamma"]))
         if verify_ms is not None:  # the (gamma + 1)-token pass in target steps (Thm 3.8: 1)
-          e["verify_cost"] = verify_ms / cost["target_step_ms"]
-        iteration_ms = (cost.get("iteration_ms") or {}).get(str(e["gamma"]))
+          e["verify_cost"] = verify_ms / pair_cost["target_step_ms"]
+        iteration_ms = (pair_cost.get("iteration_ms") or {}).get(str(e["gamma"]))
         if iteration_ms is not None:
-          # Model: expected tokens per iteration over a bare iteration's measured cost (in
-          # target steps), times the rows kept busy (vs the autoregressive baseline's). What it
-          # leaves out is the loop's own work: verification, rollback, bookkeeping, each call's
-          # setup and prefills.
           base_busy = (base or {}).get("row_utilisation", 1.0)
           busy = e["row_utilisation"] / (base_busy if math.isfinite(base_busy) else 1.0)
-          e["iteration_cost"] = iteration_ms / cost["target_step_ms"]
-          e["modelled_speedup"] = (metrics.expected_tokens_per_iteration(a, e["gamma"])
-                                   / e["iteration_cost"] * busy)
+          e["iteration_cost"] = iteration_ms / pair_cost["target_step_ms"]
+          e["modelled_speedup"] = modelled_speedup(a, e["gamma"], e["iteration_cost"], busy)
           e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]
       if a is not None:
         e["expected_tokens_per_call"] = metrics.expected_tokens_per_iteration(a, e["gamma"])

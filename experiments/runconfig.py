@@ -22,7 +22,8 @@ import ml_collections
 from experiments import prompts as prompts_lib
 
 # Decoding methods a config may list.
-SPECJAX_METHODS = ("autoregressive", "speculative", "draft_autoregressive")
+SPECJAX_METHODS = ("autoregressive", "speculative", "draft_autoregressive", "self_speculative")
+GAMMA_METHODS = ("speculative", "self_speculative", "hf_assisted")  # swept over gammas
 HF_METHODS = ("hf_autoregressive", "hf_assisted")  # transformers generate (torch, optional)
 METHODS = SPECJAX_METHODS + HF_METHODS
 COST_RATIO_SOURCES = ("step", "ar")
@@ -53,6 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
   # Methods and sweeps.
   c.methods = ("autoregressive", "speculative")
   c.gammas = (1, 2, 3, 4, 6)
+  c.skip = ()  # the layers self_speculative's draft leaves out (experiments/search_skip.py)
   # Sampling: every method runs at every temperature (0 = greedy); top_k / top_p apply to all.
   c.temperatures = (0.0, 1.0)
   c.top_k = 0
@@ -166,7 +168,7 @@ def validate(config) -> None:
       raise ConfigError(f"unknown method {m!r}; known methods: {', '.join(METHODS)}")
   if len(set(methods)) != len(methods):
     raise ConfigError(f"methods lists a method twice: {list(methods)}")
-  if any(m in ("speculative", "hf_assisted") for m in methods):
+  if any(m in GAMMA_METHODS for m in methods):
     if not tuple(config.gammas):
       raise ConfigError("gammas is empty, but speculative methods need at least one gamma")
   for g in config.gammas:
@@ -174,6 +176,12 @@ def validate(config) -> None:
       raise ConfigError(f"gamma must be an integer >= 1, got {g!r}")
   if len(set(config.gammas)) != len(tuple(config.gammas)):
     raise ConfigError(f"gammas lists a value twice: {list(config.gammas)}")
+  skip = tuple(config.skip)
+  for i in skip:
+    if not _is_int(i) or i < 0:
+      raise ConfigError(f"skip must list layer indices >= 0, got {i!r}")
+  if len(set(skip)) != len(skip):
+    raise ConfigError(f"skip lists a layer twice: {list(skip)}")
   temps = tuple(config.temperatures)
   if not temps:
     raise ConfigError("temperatures is empty; give at least one (0 = greedy)")
@@ -307,6 +315,12 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
     raise ConfigError(f"vocabulary mismatch: target {specs['target'].spec} has vocab_size "
                       f"{specs['target'].vocab_size}, draft {specs['draft'].spec} has "
                       f"{specs['draft'].vocab_size}; target and draft must share one tokenizer")
+  hf = specs["target"].hf_config
+  layers = hf.get("num_hidden_layers", hf.get("n_layer"))
+  if "self_speculative" in config.methods and layers is not None:
+    if max(config.skip, default=-1) >= layers or len(config.skip) >= layers:
+      raise ConfigError(f"skip {list(config.skip)} does not fit the target's {layers} layers "
+                        f"(indices 0..{layers - 1}, at least one kept)")
   need = config.max_prompt_tokens + config.max_new_tokens + max(tuple(config.gammas) or (0,)) + 2
   for s in specs.values():
     if need > s.max_positions:

@@ -1,19 +1,25 @@
-"""Token trees against chains on one pair: tokens per target call and wall clock, side by side.
+"""Token trees and multi-draft methods against chains on one pair: tokens per target call and
+wall clock, side by side.
 
     python -m experiments.tree_vs_chain                        # the embedded default pair
     python -m experiments.tree_vs_chain --batch_size=1 --temperature=1
     python -m experiments.tree_vs_chain --target=runs/train_bench/target \\
         --draft=runs/train_bench/draft_distill --gammas=1,2,4,6,8 --trees=comb:6x3,full:3x3
+    python -m experiments.tree_vs_chain --temperature=1 --gammas=4 \\
+        --trees=spectr:1x4,spectr:2x4,spectr:4x4,spectr:8x4,naive:2x4,naive:4x4,naive:8x4
 
-Runs ``sj.Autoregressive``, ``sj.Speculative`` at each gamma and ``sj.TreeSpeculative`` with each
-tree on the same prompts, interleaved over ``--repeats`` (load noise hits every method alike), and
+Runs ``sj.Autoregressive``, ``sj.Speculative`` at each gamma and each tree method on the same
+prompts, interleaved over ``--repeats`` (load noise hits every method alike), and
 prints per method: tokens per target call (the prefill excluded: Eq. 1's tokens per iteration),
 nodes verified per call, tok/s and the speedup over autoregressive decoding; then the best tree's
 tokens per call over the best chain's (issue floor at T = 0: >= 1.15 for a tree of 16-64 nodes).
 
-Tree specs: ``full:DxB`` (depth D, B children per node), ``chains:NxD`` (N disjoint chains of D),
-``comb:DxW`` (the draft's top-1 chain of depth D with W - 1 extra leaf siblings at every depth:
-D x W nodes; most of a good draft's mass is on its top-1 chain).
+Tree specs (``sj.TreeSpeculative`` unless said): ``full:DxB`` (depth D, B children per node),
+``chains:NxD`` (N disjoint chains of D), ``comb:DxW`` (the draft's top-1 chain of depth D with
+W - 1 extra leaf siblings at every depth: D x W nodes; most of a good draft's mass is on its top-1
+chain), ``dynamic:DxWxN`` (``sj.DynamicTree(depth=D, width=W, nodes=N)``, EAGLE-2),
+``spectr:KxL`` (``sj.SpecTr`` with K i.i.d. chains of L, K-SEQ) and ``naive:KxL`` (the same
+drafts under SpecInfer's naive multi-draft rule: the SpecTr paper's Table 1 pairs the two).
 """
 
 from __future__ import annotations
@@ -34,13 +40,19 @@ flags.DEFINE_list("trees", ["comb:4x2", "comb:4x4", "full:2x4", "full:3x2", "cha
 
 
 def parse_tree(spec: str):
-  """``full:DxB`` / ``chains:NxD`` / ``comb:DxW`` -> sj.Tree."""
+  """``full:DxB`` / ``chains:NxD`` / ``comb:DxW`` -> sj.Tree; ``dynamic:DxWxN`` ->
+  sj.DynamicTree; ``spectr:KxL`` / ``naive:KxL`` -> (selection, K, L) for sj.SpecTr."""
   import specjax as sj
   kind, _, size = spec.partition(":")
   try:
-    a, b = (int(x) for x in size.split("x"))
+    sizes = [int(x) for x in size.split("x")]
   except ValueError:
     raise ValueError(f"tree spec {spec!r}: expected KIND:AxB, e.g. full:3x2") from None
+  if len(sizes) != (3 if kind == "dynamic" else 2):
+    raise ValueError(f"tree spec {spec!r}: expected KIND:{'DxWxN' if kind == 'dynamic' else 'AxB'}")
+  if kind == "dynamic":
+    return sj.DynamicTree(depth=sizes[0], width=sizes[1], nodes=sizes[2])
+  a, b = sizes
   if kind == "full":
     return sj.Tree.full(depth=a, branching=b)
   if kind == "chains":
@@ -48,7 +60,22 @@ def parse_tree(spec: str):
   if kind == "comb":
     spine = [(0,) * d for d in range(1, a + 1)]
     return sj.Tree.from_paths(spine + [(0,) * d + (r,) for d in range(a) for r in range(1, b)])
-  raise ValueError(f"tree spec {spec!r}: unknown kind {kind!r} (full, chains, comb)")
+  if kind in ("spectr", "naive"):
+    return ("k_seq" if kind == "spectr" else "naive", a, b)
+  raise ValueError(f"tree spec {spec!r}: unknown kind {kind!r} (full, chains, comb, dynamic, "
+                   f"spectr, naive)")
+
+
+def tree_method(spec: str, draft):
+  """(row name, method, nodes verified per call) for a tree spec (``parse_tree``)."""
+  import specjax as sj
+  tree = parse_tree(spec)
+  if isinstance(tree, tuple):
+    selection, k, length = tree
+    return (f"spectr {selection} K={k} L={length}",
+            sj.SpecTr(draft, num_drafts=k, gamma=length, selection=selection), k * length)
+  return (f"tree {spec} ({tree.num_nodes} nodes, depth {tree.max_depth})",
+          sj.TreeSpeculative(draft, tree), tree.num_nodes)
 
 
 def compare(target, draft, prompts, gammas, trees, max_new_tokens: int, temperature: float,
@@ -60,8 +87,7 @@ def compare(target, draft, prompts, gammas, trees, max_new_tokens: int, temperat
 
   methods = [("autoregressive", sj.Autoregressive(), 0)]
   methods += [(f"chain g={g}", sj.Speculative(draft, int(g)), int(g)) for g in gammas]
-  methods += [(f"tree {spec} ({t.num_nodes} nodes, depth {t.max_depth})",
-               sj.TreeSpeculative(draft, t), t.num_nodes) for spec, t in trees]
+  methods += [tree_method(spec, draft) for spec in trees]
   sampling = sj.Sampling(temperature=temperature)
   rows, calls = [], []
   for name, method, nodes in methods:
@@ -94,7 +120,9 @@ def main(argv):
   from experiments import run, runconfig
 
   try:
-    trees = [(spec, parse_tree(spec)) for spec in FLAGS.trees]
+    trees = list(FLAGS.trees)
+    for spec in trees:
+      parse_tree(spec)  # a bad spec fails before anything loads
     target, draft, prompts, specs = run.load_pair(
         FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens,
         FLAGS.gammas, FLAGS.temperature, FLAGS.max_new_tokens)
@@ -112,7 +140,7 @@ def main(argv):
     print(f"{r['method']:40s} {r['nodes']:10d} {r['tokens_per_call']:11.2f} "
           f"{tokens / r['seconds']:8.1f} {ar / r['seconds']:8.2f}")
   chains = [r for r in rows if r["method"].startswith("chain")]
-  tree_rows = [r for r in rows if r["method"].startswith("tree")]
+  tree_rows = [r for r in rows if not r["method"].startswith(("chain", "autoregressive"))]
   if chains and tree_rows:
     best_chain = max(chains, key=lambda r: r["tokens_per_call"])
     best_tree = max(tree_rows, key=lambda r: r["tokens_per_call"])

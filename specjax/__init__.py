@@ -1,16 +1,17 @@
 """specjax: speculative decoding for JAX/Flax, jit-compiled end to end. See DESIGN.md §2."""
 
 from specjax.decoding.generate import GenerateOutput, generate
-from specjax.decoding.methods import Autoregressive, Speculative, TreeSpeculative
+from specjax.decoding.methods import (Autoregressive, SelfSpeculative, SpecTr, Speculative,
+                                      TreeSpeculative)
 from specjax.decoding.stats import DecodeStats
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_model, load_tokenizer, save_model
 from specjax.models.transformer import Transformer, forward, init_model
 from specjax.sampling import Sampling
-from specjax.trees import Tree
+from specjax.trees import DynamicTree, Tree
 
 __all__ = [
-    "Autoregressive", "DecodeStats", "GenerateOutput", "ModelConfig", "Sampling", "Speculative",
-    "Transformer", "Tree", "TreeSpeculative", "forward", "generate", "init_model", "load_model", "load_tokenizer",
-    "save_model",
+    "Autoregressive", "DecodeStats", "DynamicTree", "GenerateOutput", "ModelConfig", "Sampling",
+    "SelfSpeculative", "SpecTr", "Speculative", "Transformer", "Tree", "TreeSpeculative",
+    "forward", "generate", "init_model", "load_model", "load_tokenizer", "save_model",
 ]

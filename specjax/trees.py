@@ -174,6 +174,12 @@ class Tree:
     return out
 
   @functools.cached_property
+  def chain_table(self) -> np.ndarray:
+    """int32[K, L] for a tree of ``K`` disjoint chains of depth ``L`` (``Tree.chains``): the
+    node at depth ``d + 1`` of chain ``j``; raises for any other shape (``chain_table``)."""
+    return chain_table(self.children)
+
+  @functools.cached_property
   def verification_mask(self) -> np.ndarray:
     """bool[N + 1, N + 1]: the mask of a pass over ``[pending, nodes]`` (everyone sees the
     pending token; node i sees its ancestors and itself)."""
@@ -192,7 +198,74 @@ class Tree:
     return f"Tree(nodes={self.num_nodes}, depth={self.max_depth}, leaves={int(self.is_leaf.sum())})"
 
 
+
+@dataclasses.dataclass(frozen=True)
+class DynamicTree:
+  """A token tree the draft grows per row and per iteration (EAGLE-2, Li et al. 2024, arXiv
+  2406.16858, §4): from the root, each of the ``width`` most confident nodes of a level (by the
+  draft's cumulative probability along the path) gets its ``width`` most likely children; after
+  ``depth`` levels the ``nodes`` most confident of all candidates are verified. Only the sizes are
+  static; the parents are per-row arrays (``specjax.proposers.dynamic_tree``). The children are a
+  deterministic function of the draft, so the target verifies them with the one-hot rule
+  (ALGORITHMS.md §4): exact at any temperature.
+  """
+
+  depth: int
+  width: int
+  nodes: int
+
+  def __post_init__(self):
+    _check_positive(depth=self.depth, width=self.width, nodes=self.nodes)
+    if self.nodes > self.pool_size:
+      raise ValueError(f"nodes={self.nodes} exceeds the {self.pool_size} candidates that depth="
+                       f"{self.depth}, width={self.width} grow (width + (depth - 1) width^2)")
+    if self.nodes > MAX_NODES:
+      raise ValueError(f"a token tree of {self.nodes} nodes exceeds the limit of {MAX_NODES}")
+
+  @property
+  def pool_size(self) -> int:
+    """Candidates grown: ``width`` children of the root, then ``width^2`` per further level."""
+    return self.width + (self.depth - 1) * self.width ** 2
+
+  @property
+  def num_nodes(self) -> int:
+    return self.nodes
+
+  @property
+  def max_depth(self) -> int:
+    """The deepest a verified node can be (a level-``depth`` node is kept only if its parents
+    are)."""
+    return min(self.depth, self.nodes)
+
+  @property
+  def ranks(self) -> tuple[int, ...]:
+    """The ranks a node's children can take (for validation against the vocabulary)."""
+    return tuple(range(self.width))
+
 def _check_positive(**values) -> None:
   for name, value in values.items():
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
       raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def chain_table(children: np.ndarray) -> np.ndarray:
+  """int32[K, L] from a ``Tree.children`` table of ``K`` disjoint chains of equal depth ``L``:
+  entry ``[j, d]`` is the node at depth ``d + 1`` of the chain that starts at the root's j-th
+  child. Multi-draft rules (SpecTr) walk such independent chains; any other shape is refused."""
+  children = np.asarray(children)
+  table = []
+  for head in (int(c) for c in children[0] if c >= 0):
+    chain = [head]
+    while True:
+      kids = [int(c) for c in children[chain[-1] + 1] if c >= 0]
+      if not kids:
+        break
+      if len(kids) > 1:
+        raise ValueError(f"node {chain[-1]} has {len(kids)} children; a multi-draft tree is "
+                         f"disjoint chains (sj.Tree.chains)")
+      chain.append(kids[0])
+    table.append(chain)
+  if len({len(c) for c in table}) != 1:
+    raise ValueError(f"chains of depths {sorted({len(c) for c in table})}; a multi-draft tree's "
+                     f"chains all have one depth (sj.Tree.chains)")
+  return np.asarray(table, np.int32)

@@ -52,7 +52,7 @@ class RepeatPendingProposer:
     tokens = jnp.repeat(pending[:, None], self.num_candidates, axis=1)
     return Candidates(tokens=tokens, q=None), state
 
-  def commit(self, params, state, candidates, target_length, path, num_accepted, active):
+  def commit(self, params, state, candidates, outcome):
     return state
 
 

@@ -16,7 +16,7 @@ import time
 from absl.testing import absltest, parameterized
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-CONFIGS = ("tiny", "default", "leviathan", "chen", "compare_hf", "bench")
+CONFIGS = ("tiny", "default", "leviathan", "chen", "compare_hf", "bench", "self_speculative")
 FAIL_FAST_SECONDS = 30  # generous for a loaded machine; a bad config takes ~0.3s when idle
 
 
@@ -34,8 +34,9 @@ def _run(*args, timeout=300):
   return proc, time.perf_counter() - t0
 
 
-def _load_config_module(name: str):
-  spec = importlib.util.spec_from_file_location(f"cfg_{name}", REPO / "configs" / f"{name}.py")
+def _load_config_module(name: str, path=None):
+  path = path or REPO / "configs" / f"{name}.py"
+  spec = importlib.util.spec_from_file_location(f"cfg_{name}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -208,6 +209,11 @@ class ConfigErrorTest(parameterized.TestCase):
       ("unknown_flag_field", ["--config.bogus=1"], "unknown config field"),
       ("missing_prompts_file", ["--config.prompts=/nonexistent/prompts.txt"],
        "neither a built-in set"),
+      ("skip_twice", ["--config.methods=autoregressive,self_speculative", "--config.skip=1,1"],
+       "skip lists a layer twice: [1, 1]"),
+      ("skip_out_of_range", ["--config.methods=autoregressive,self_speculative",
+                             "--config.skip=4"],
+       "skip [4] does not fit the target's 4 layers"),
   )
   def test_error(self, args, message):
     args = self._args(args)
@@ -357,6 +363,42 @@ class CostSplitTest(absltest.TestCase):
       cost_split.split_costs(target, draft, prompts, gammas=["1"], lengths=["8"], repeats=1)
 
 
+class SearchSkipTest(absltest.TestCase):
+  """experiments/search_skip.py on the tiny random target, then the runner on the config it wrote."""
+
+  def test_search_then_run_the_config(self):
+    from experiments import run, runconfig, search_skip
+
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, "self_speculative.py")
+      result = search_skip.run_search("random:tiny-target", "python-tiny", num_prompts=2,
+                                      prompt_tokens=16, gammas=["1"], temperature=0.0, tokens=8,
+                                      max_skip=1, output=path)
+      rows = result["rows"]
+      self.assertEqual([len(r["skip"]) for r in rows], [0, 1])
+      self.assertEqual(rows[0]["acceptance"], 1.0)  # no layer skipped: the draft is the target
+      self.assertBetween(rows[1]["acceptance"], 0.0, 1.0)
+      for r in rows:
+        self.assertGreater(r["cost_ratio"], 0)
+        self.assertEqual(r["gamma"], 1)
+        self.assertAlmostEqual(r["speedup"], run.modelled_speedup(r["acceptance"], 1,
+                                                                   r["iteration_cost"]))
+      self.assertEqual(result["best"], max(rows, key=lambda r: r["speedup"]))
+      config = _load_config_module("written", path).get_config(
+          f"out={tmp}/run,repeats=1,n=8,temperature=0,batch=2,num_prompts=2,plots=false,"
+          f"progress=false")
+      doc = pathlib.Path(path).read_text()
+      self.assertIn(f"python -m experiments.run --config={path}", doc)
+      self.assertIn("python -m experiments.search_skip", doc)  # how it was made
+      runconfig.validate(config)
+      self.assertEqual(tuple(config.skip), result["best"]["skip"])
+      results = run.run_experiment(config)
+    entry = next(e for e in results["settings"] if e["method"] == "self_speculative")
+    self.assertEqual(entry["greedy_match"], 1.0)
+    self.assertGreater(entry["modelled_speedup"], 0)
+    self.assertIn("self_speculative", results["cost"])
+
+
 class GpuCheckScriptTest(absltest.TestCase):
   """experiments/gpu_check.sh (run by hand on an accelerator): every stage's command line parses
   and validates (dry runs), and a failing stage shows in its summary line."""
@@ -391,6 +433,7 @@ class TreeVsChainTest(absltest.TestCase):
   """experiments/tree_vs_chain.py: tree specs, and the comparison on tiny random models."""
 
   def test_parse_tree(self):
+    import specjax as sj
     from experiments import tree_vs_chain
 
     self.assertEqual(tree_vs_chain.parse_tree("full:2x3").num_nodes, 3 + 9)
@@ -398,7 +441,11 @@ class TreeVsChainTest(absltest.TestCase):
     comb = tree_vs_chain.parse_tree("comb:3x2")
     self.assertEqual((comb.num_nodes, comb.max_depth), (6, 3))
     self.assertEqual(int(comb.is_leaf.sum()), 4)  # 3 extra siblings + the spine's last node
-    for bad, message in (("full:3", "expected KIND:AxB"), ("star:2x2", "unknown kind 'star'")):
+    self.assertEqual(tree_vs_chain.parse_tree("dynamic:3x2x5"),
+                     sj.DynamicTree(depth=3, width=2, nodes=5))
+    self.assertEqual(tree_vs_chain.parse_tree("naive:4x2"), ("naive", 4, 2))
+    for bad, message in (("full:3", "expected KIND:AxB"), ("star:2x2", "unknown kind 'star'"),
+                         ("dynamic:2x2", "expected KIND:DxWxN")):
       with self.assertRaisesRegex(ValueError, message):
         tree_vs_chain.parse_tree(bad)
 
@@ -409,13 +456,15 @@ class TreeVsChainTest(absltest.TestCase):
 
     target, _ = random_models.random_pair(seed=0)
     prompts = [list(b"def f(x):"), list(b"import os")]
-    trees = [("comb:3x2", tree_vs_chain.parse_tree("comb:3x2"))]
+    trees = ["comb:3x2", "dynamic:2x2x4", "spectr:3x2"]
     rows = tree_vs_chain.compare(target, target, prompts, ["2"], trees, max_new_tokens=9,
                                  temperature=0.0, repeats=1)
-    self.assertEqual([r["nodes"] for r in rows], [0, 2, 6])
+    self.assertEqual([r["nodes"] for r in rows], [0, 2, 6, 4, 6])
     # Draft = target, greedy: every iteration accepts the whole chain / the tree's full depth;
-    # 8 tokens after the prefill: AR 1 per call, chain g=2 8/3, comb depth 3: 8/2.
-    np.testing.assert_allclose([r["tokens_per_call"] for r in rows], [1.0, 8 / 3, 4.0])
+    # 8 tokens after the prefill: AR 1 per call, chain g=2 8/3, comb depth 3: 8/2, the dynamic
+    # tree and SpecTr (depth 2) 8/3.
+    np.testing.assert_allclose([r["tokens_per_call"] for r in rows],
+                               [1.0, 8 / 3, 4.0, 8 / 3, 8 / 3])
     self.assertTrue(all(r["seconds"] > 0 for r in rows))
 
 

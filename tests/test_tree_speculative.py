@@ -41,6 +41,7 @@ def check_tree_stats(test, out, tree: sj.Tree):
   s = out.stats
   iters = np.asarray(s.row_target_calls) - 1
   np.testing.assert_array_equal(s.proposed, tree.num_nodes * iters)
+  test.assertAlmostEqual(s.nodes_per_call, tree.num_nodes)
   counts = np.asarray(s.accepted_length_counts)
   test.assertEqual(counts.shape, (tree.max_depth + 1,))
   test.assertEqual(int(counts.sum()), int(iters.sum()))
@@ -134,8 +135,8 @@ class ErrorsTest(absltest.TestCase):
     target, draft = tabular_pair("mixed", 0)
     with self.assertRaisesRegex(ValueError, r"tree must be an sj.Tree"):
       sj.TreeSpeculative(draft, [(0,), (1,)])
-    with self.assertRaisesRegex(ValueError, r"children must be one of \('sampled', 'top_k'\), "
-                                r"got 'topk'"):
+    with self.assertRaisesRegex(ValueError, r"children must be one of \('sampled', 'top_k', "
+                                r"'iid'\), got 'topk'"):
       sj.TreeSpeculative(draft, MEDUSA_LIKE, "topk")
     with self.assertRaisesRegex(ValueError, r"draft must be a specjax model"):
       sj.TreeSpeculative(object(), MEDUSA_LIKE)

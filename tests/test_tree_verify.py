@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,7 @@ import numpy as np
 from absl.testing import absltest, parameterized
 
 import specjax as sj
+from specjax.verify import spectr
 from specjax.verify import tree as tree_verify
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
@@ -41,6 +43,9 @@ except ImportError:  # pragma: no cover
 SMALL = sj.Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0)])
 FULL = sj.Tree.full(depth=2, branching=2)
 DEEP = sj.Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (0, 0, 0)])
+CHAINS_3X2 = sj.Tree.chains(num=3, depth=2)  # SpecTr's i.i.d. drafts: k' = 1, 2, 3 all occur
+CHAINS_2X3 = sj.Tree.chains(num=2, depth=3)
+CHAINS_4X1 = sj.Tree.chains(num=4, depth=1)
 
 
 def top_k(q: np.ndarray, k: int) -> list[int]:
@@ -161,10 +166,63 @@ class TreeLawTest(parameterized.TestCase):
       ("without_replacement_verified_as_iid", "without_replacement", "with_replacement"),
   )
   def test_negative_controls(self, propose_rule, core_rule):
+    self._assert_control_rejected(propose_rule, core_rule, SMALL)
+
+  @parameterized.named_parameters(
+      ("k_seq_3x2_v3", "k_seq", CHAINS_3X2, 3, 1),
+      ("k_seq_2x3_v3", "k_seq", CHAINS_2X3, 3, 1),
+      ("k_seq_4x1_v4", "k_seq", CHAINS_4X1, 4, 2),
+      ("naive_3x2_v3", "naive_multi_draft", CHAINS_3X2, 3, 1),
+      ("naive_4x1_v4", "naive_multi_draft", CHAINS_4X1, 4, 2),
+      ("unmerged_iid_3x2_v3", "with_replacement", CHAINS_3X2, 3, 1),
+  )
+  def test_multi_draft_law(self, core_rule, tree, v, k):
+    """k i.i.d. chains (drawn with replacement at every node) through SpecTr's K-SEQ, the naive
+    rule on merged survivors, and the plain tree rule on the unmerged chains."""
+    lm = ToyLM(seed=29 * v + k, v=v, k=k)  # equal, disjoint, q = 0 where p > 0, ... contexts
+    t = tree.max_depth + 2
+    law = TreeEnumerator(lm, tree, "with_replacement", core_rule).law(t)
+    self.assertAlmostEqual(sum(law.values()), 1.0, delta=EXACT_TOL)
+    self.assertLess(max_law_diff(law, lm.exact_law(t)), EXACT_TOL)
+
+  @parameterized.named_parameters(
+      # rho* ignored: every draft tested at the single-draft ratio min(1, p/q), residual at rho 1.
+      ("k_seq_with_rho_1", "rho_star", lambda f, k_all: lambda p, q, k: jnp.float32(1.0)),
+      # The residual computed for all k chains instead of the k' survivors of the prefix. (rho*
+      # for all k chains is no control: any rho >= rho*(k') keeps the law, at lower acceptance.)
+      ("k_seq_residual_for_all_chains", "k_seq_residual",
+       lambda f, k_all: lambda p, q, rho, k: f(p, q, rho, k_all)),
+  )
+  def test_multi_draft_controls(self, name, make_broken):
+    tree = sj.Tree.chains(num=2, depth=2)  # V = 4: residuals with >= 2 tokens occur
+    broken = make_broken(getattr(spectr, name), tree.chain_table.shape[0])
+    lm = ToyLM(seed=5, v=4, k=1, kinds=("random", "p_topk", "q_subset"))
+    t = tree.max_depth + 2
+    _batched_core.cache_clear()
+    try:
+      with mock.patch.object(spectr, name, broken):
+        bad = TreeEnumerator(lm, tree, "with_replacement", "k_seq").law(t)
+    finally:
+      _batched_core.cache_clear()
+    self.assertGreater(max_law_diff(bad, lm.exact_law(t)), CONTROL_MARGIN)
+
+  def test_naive_without_residual_update_is_rejected(self):
+    tree = CHAINS_4X1
+    lm = ToyLM(seed=5, v=4, k=1, kinds=("random", "p_topk", "q_subset"))
+    t = tree.max_depth + 2
+    _batched_core.cache_clear()
+    try:  # every rejected draft leaves r = p: the next test and the final draw use the wrong law
+      with mock.patch.object(spectr, "residual", lambda r, q: r):
+        bad = TreeEnumerator(lm, tree, "with_replacement", "naive_multi_draft").law(t)
+    finally:
+      _batched_core.cache_clear()
+    self.assertGreater(max_law_diff(bad, lm.exact_law(t)), CONTROL_MARGIN)
+
+  def _assert_control_rejected(self, propose_rule, core_rule, tree):
     lm = ToyLM(seed=3, v=4, k=1, kinds=("random", "p_topk", "q_subset", "disjoint"))
-    t = SMALL.max_depth + 2
-    good = TreeEnumerator(lm, SMALL, propose_rule).law(t)
-    bad = TreeEnumerator(lm, SMALL, propose_rule, core_rule).law(t)
+    t = tree.max_depth + 2
+    good = TreeEnumerator(lm, tree, propose_rule).law(t)
+    bad = TreeEnumerator(lm, tree, propose_rule, core_rule).law(t)
     self.assertLess(max_law_diff(good, lm.exact_law(t)), EXACT_TOL)
     self.assertGreater(max_law_diff(bad, lm.exact_law(t)), CONTROL_MARGIN)
 

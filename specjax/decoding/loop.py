@@ -21,7 +21,7 @@ from specjax import sampling as sampling_lib
 from specjax import verify
 from specjax.decoding.stats import DecodeStats
 from specjax.models.kv_cache import KVCache, compact_path, init_cache
-from specjax.proposers.base import CHAIN, TREE, Candidates
+from specjax.proposers.base import CHAIN, TREE, Candidates, Outcome
 
 
 @flax.struct.dataclass
@@ -77,17 +77,23 @@ def _verify(keys: jax.Array, logits: jax.Array, candidates: Candidates, sampling
   drafts = candidates.tokens
   num = drafts.shape[1]
   if candidates.kind == TREE:
-    tree = candidates.tree
-    children, depth = tree.children, tree.max_depth
+    tree = candidates.structure
+    depth = tree.max_depth
+    # A static tree's table is closed over (numpy, as the multi-draft rules need); a per-row
+    # table is mapped over with the rows.
+    row_table = () if candidates.row_trees is None else (tree.children,)
+    table = lambda row: row[0] if row else tree.children
     if sampling.is_greedy:
-      fn = lambda argmax, tokens: verify.greedy_tree(argmax, tokens, children, depth)
-      out = jax.vmap(fn)(sampling_lib.greedy(logits), drafts)
+      fn = lambda argmax, tokens, *row: verify.greedy_tree(argmax, tokens, table(row), depth)
+      out = jax.vmap(fn)(sampling_lib.greedy(logits), drafts, *row_table)
     else:
       p = sampling_lib.probabilities(logits, sampling)
       rule = candidates.rule
-      fn = lambda key, p, tokens, q: verify.sampled_tree(key, p, tokens, q, children, depth, rule)
-      out = jax.vmap(fn, in_axes=(0, 0, 0, None if candidates.q is None else 0))(
-          keys, p, drafts, candidates.q)
+      fn = lambda key, p, tokens, q, *row: verify.sampled_tree(key, p, tokens, q, table(row),
+                                                               depth, rule)
+      q_axis = None if candidates.q is None else 0
+      out = jax.vmap(fn, in_axes=(0, 0, 0, q_axis) + (0,) * len(row_table))(
+          keys, p, drafts, candidates.q, *row_table)
     return Verdict(path=out.path, num_accepted=out.num_accepted, next_token=out.next_token,
                    accept_prob=None)
   if candidates.kind != CHAIN:
@@ -174,7 +180,7 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
     candidates, proposer_state = proposer.propose(proposer_params, state.proposer, state.pending,
                                                   keys[:, 1:], sampling)
     drafts = candidates.tokens
-    tree = candidates.tree
+    tree = candidates.structure
     mask, depths = ((None, None) if tree is None else
                     (tree.verification_mask, tree.verification_depths))
     logits, cache = target(jnp.concatenate([state.pending[:, None], drafts], axis=1),
@@ -191,8 +197,10 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
     if tree is not None:  # the accepted path's entries move next to the pending token's
       cache = compact_path(cache, path)
     cache = cache.with_lengths(committed_lengths(length, n, active))
-    proposer_state = proposer.commit(proposer_params, proposer_state, candidates, length, path,
-                                     n, active)
+    proposer_state = proposer.commit(
+        proposer_params, proposer_state, candidates,
+        Outcome(target_length=length, path=path, num_accepted=n, next_token=nxt, active=active,
+                logits=logits))
     s = state.stats
     pos = jnp.arange(depth)[None, :]
     accepted = (pos < n[:, None]) & active[:, None]

@@ -19,11 +19,13 @@ import dataclasses
 
 from flax import nnx
 
-from specjax.models.transformer import Transformer, check_context, check_model
+from specjax.models.transformer import (Transformer, check_context, check_model, check_skip,
+                                        skip_layers)
 from specjax.proposers.base import NoProposer
 from specjax.proposers.draft_chain import DraftChain
 from specjax.proposers.draft_tree import CHILDREN, DraftTree
-from specjax.trees import Tree
+from specjax.proposers.dynamic_tree import DraftDynamicTree
+from specjax.trees import DynamicTree, Tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,29 +70,78 @@ class Speculative:
     return DraftChain(graphdef=graphdef, gamma=self.gamma), params
 
 
+@dataclasses.dataclass(frozen=True)
+class SelfSpeculative:
+  """Self-speculative decoding: the draft is the target with the layers ``skip`` left out (Draft
+  & Verify, Zhang et al. 2023, arXiv 2309.08168; SWIFT, Xia et al. 2024, arXiv 2410.06916;
+  ALGORITHMS.md §12).
+
+  Same weights, no second checkpoint: ``sj.Speculative``'s draft chain runs on a view of the
+  target (``skip_layers``) with its own KV cache for the kept layers, and the same lossless chain
+  rule verifies it. The loop receives the kept layers' arrays twice, as the target's state and as
+  the proposer's params (the proposer protocol passes them apart); both are the same device
+  buffers, which jit neither copies nor donates, so no weight memory is duplicated. ``skip=()``
+  drafts with the whole target: every draft is accepted.
+  """
+
+  skip: tuple[int, ...] = ()
+  gamma: int = 4
+  name = "self_speculative"
+
+  def __post_init__(self):
+    if not isinstance(self.gamma, int) or isinstance(self.gamma, bool) or self.gamma < 1:
+      raise ValueError(f"gamma must be an integer >= 1, got {self.gamma!r}")
+    try:
+      object.__setattr__(self, "skip", tuple(self.skip))  # a list works too, and stays hashable
+    except TypeError:
+      raise ValueError(f"skip must be a sequence of layer indices, got {self.skip!r}") from None
+
+  def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
+    del width, max_new_tokens, what  # the draft is the target: generate checked its context
+    if not isinstance(target, Transformer):
+      raise ValueError(f"self-speculative decoding skips layers of an sj.Transformer target, got "
+                       f"{type(target).__name__}")
+    check_skip(self.skip, target.config.num_layers)
+
+  def proposer(self, target: Transformer):
+    graphdef, params = nnx.split(skip_layers(target, self.skip))
+    return DraftChain(graphdef=graphdef, gamma=self.gamma), params
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class TreeSpeculative:
-  """A draft model proposes a static token tree; the target verifies every node in one forward
-  under the tree mask (SpecInfer, Miao et al. 2024, arXiv 2305.09781; Medusa-style trees, Cai et
-  al. 2024, arXiv 2401.10774; sampled children without replacement: Sequoia, Chen et al. 2024,
-  arXiv 2402.12374). ``tree``: an ``sj.Tree``. ``children``: ``"sampled"`` (default: drawn
-  without replacement from the draft's warped law, recursive rule of ALGORITHMS.md §5) or
-  ``"top_k"`` (the draft's most likely tokens, one-hot rule §4); both exact. At temperature 0 the
-  children are the draft's top-k and the walk follows the target's argmax (greedy tokens).
+  """A draft model proposes a token tree; the target verifies every node in one forward under
+  the tree mask (SpecInfer, Miao et al. 2024, arXiv 2305.09781; Medusa-style trees, Cai et al.
+  2024, arXiv 2401.10774; sampled children without replacement: Sequoia, Chen et al. 2024, arXiv
+  2402.12374; dynamic trees: EAGLE-2, Li et al. 2024, arXiv 2406.16858).
+
+  ``tree``: a static ``sj.Tree``, or an ``sj.DynamicTree`` grown per row by the draft's
+  confidence. ``children`` (static trees): ``"sampled"`` (default: drawn without replacement
+  from the draft's warped law, recursive rule of ALGORITHMS.md §5), ``"top_k"`` (the draft's
+  most likely tokens, one-hot rule §4) or ``"iid"`` (drawn with replacement, SpecInfer's
+  multi-draft rule §5); a dynamic tree's children are always the draft's top-k. All exact. At
+  temperature 0 the children are the draft's top-k and the walk follows the target's argmax
+  (greedy tokens).
   """
 
   draft: Transformer
-  tree: Tree
-  children: str = "sampled"
+  tree: Tree | DynamicTree
+  children: str | None = None  # None: "sampled" for a static tree, "top_k" for a dynamic one
   name = "tree_speculative"
 
   def __post_init__(self):
     check_model(self.draft, "draft")
-    if not isinstance(self.tree, Tree):
-      raise ValueError(f"tree must be an sj.Tree (sj.Tree.from_paths / full / chains), got "
-                       f"{type(self.tree).__name__}")
+    if not isinstance(self.tree, (Tree, DynamicTree)):
+      raise ValueError(f"tree must be an sj.Tree (sj.Tree.from_paths / full / chains) or an "
+                       f"sj.DynamicTree, got {type(self.tree).__name__}")
+    dynamic = isinstance(self.tree, DynamicTree)
+    if self.children is None:
+      object.__setattr__(self, "children", "top_k" if dynamic else "sampled")
     if self.children not in CHILDREN:
       raise ValueError(f"children must be one of {CHILDREN}, got {self.children!r}")
+    if dynamic and self.children != "top_k":
+      raise ValueError(f"a DynamicTree's children are the draft's top-k (children='top_k'), "
+                       f"got children={self.children!r}")
 
   @property
   def gamma(self) -> int:
@@ -98,21 +149,78 @@ class TreeSpeculative:
     return self.tree.max_depth
 
   def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
-    check_draft(self.draft, target, width, max_new_tokens, what)
-    vocab = target.config.vocab_size
-    if max(self.tree.ranks) >= vocab:
-      raise ValueError(f"the tree asks for a node's rank-{max(self.tree.ranks)} candidate, but "
-                       f"the vocabulary has only {vocab} tokens")
-    for role, model in (("target", target), ("draft", self.draft)):
-      limit = model.config.max_position_embeddings
-      if self.tree.max_depth >= limit:
-        raise ValueError(f"the tree's depth {self.tree.max_depth} does not fit the {role} "
-                         f"model's maximum context {limit}")
+    check_tree(self.tree, self.draft, target, width, max_new_tokens, what)
 
   def proposer(self, target: Transformer):
     del target
     graphdef, params = nnx.split(self.draft)
+    if isinstance(self.tree, DynamicTree):
+      return DraftDynamicTree(graphdef=graphdef, spec=self.tree), params
     return DraftTree(graphdef=graphdef, tree=self.tree, children=self.children), params
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SpecTr:
+  """``num_drafts`` i.i.d. draft chains of ``gamma`` tokens, verified in one target pass and
+  selected by K-SEQ (SpecTr, Sun et al. 2023, arXiv 2310.15141; ALGORITHMS.md §6).
+
+  The chains are sampled together (one draft forward per depth over all of them) and scored by
+  the target in one forward under their block-causal mask (``sj.Tree.chains``). At each depth the
+  chains that agree with the accepted prefix are i.i.d. draws of the draft's law there, and K-SEQ
+  picks among them with ``rho*`` for their number; ``selection="naive"`` applies SpecInfer's
+  multi-draft rule to the same survivors instead (the baseline of the paper's Table 1). Both are
+  exact. At temperature 0 the chains start from the draft's top ``num_drafts`` tokens and the
+  walk follows the target's argmax (greedy tokens).
+  """
+
+  draft: Transformer
+  num_drafts: int = 4
+  gamma: int = 4
+  selection: str = "k_seq"
+  name = "spectr"
+
+  def __post_init__(self):
+    for field in ("num_drafts", "gamma"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+    if self.selection not in SELECTION_RULES:
+      raise ValueError(f"selection must be one of {tuple(SELECTION_RULES)}, got "
+                       f"{self.selection!r}")
+    check_model(self.draft, "draft")
+
+  @property
+  def tree(self) -> Tree:
+    return Tree.chains(num=self.num_drafts, depth=self.gamma)
+
+  def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
+    check_tree(self.tree, self.draft, target, width, max_new_tokens, what)
+
+  def proposer(self, target: Transformer):
+    del target
+    graphdef, params = nnx.split(self.draft)
+    return DraftTree(graphdef=graphdef, tree=self.tree, children="iid",
+                     rule=SELECTION_RULES[self.selection]), params
+
+
+
+SELECTION_RULES = {"k_seq": "k_seq", "naive": "naive_multi_draft"}  # SpecTr's -> tree rules
+
+
+def check_tree(tree: Tree | DynamicTree, draft: Transformer, target: Transformer, width: int,
+               max_new_tokens: int, what: str) -> None:
+  """A draft (``check_draft``) expanding ``tree``: its ranks must exist in the vocabulary and its
+  depth fit both models' context."""
+  check_draft(draft, target, width, max_new_tokens, what)
+  vocab = target.config.vocab_size
+  if max(tree.ranks) >= vocab:
+    raise ValueError(f"the tree asks for a node's rank-{max(tree.ranks)} candidate, but "
+                     f"the vocabulary has only {vocab} tokens")
+  for role, model in (("target", target), ("draft", draft)):
+    limit = model.config.max_position_embeddings
+    if tree.max_depth >= limit:
+      raise ValueError(f"the tree's depth {tree.max_depth} does not fit the {role} "
+                       f"model's maximum context {limit}")
 
 
 def check_draft(draft: Transformer, target: Transformer, width: int, max_new_tokens: int,

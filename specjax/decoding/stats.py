@@ -58,13 +58,21 @@ class DecodeStats:
     return float(np.sum(self.generated)) / calls if calls else float("nan")
 
   @property
+  def nodes_per_call(self) -> float:
+    """Candidates the target verified per iteration (a chain's gamma, a tree's node count): the
+    width of each verification pass, the prefill excluded."""
+    iterations = int(np.sum(self.row_target_calls)) - int(np.size(self.row_target_calls))
+    return float(np.sum(self.proposed)) / iterations if iterations > 0 else float("nan")
+
+  @property
   def expected_alpha(self) -> float:
     count = int(self.alpha_count)
     return float(self.alpha_sum) / count if count else float("nan")
 
   @property
   def acceptance_by_position(self) -> np.ndarray:
-    """float64[G]: P(position i accepted | position i proposed)."""
+    """float64[G]: P(position i accepted | position i proposed); for a tree, position i is depth
+    i + 1 and this is P(the accepted path reaches depth i + 1)."""
     proposed = np.asarray(self.proposed_per_position, np.float64)
     return np.divide(np.asarray(self.accepted_per_position), proposed,
                      out=np.full_like(proposed, np.nan), where=proposed > 0)
@@ -82,6 +90,6 @@ class DecodeStats:
                 generated=int(np.sum(self.generated)), proposed=int(np.sum(self.proposed)),
                 accepted=int(np.sum(self.accepted)), acceptance_rate=self.acceptance_rate,
                 tokens_per_target_call=self.tokens_per_target_call,
-                expected_alpha=self.expected_alpha,
+                nodes_per_call=self.nodes_per_call, expected_alpha=self.expected_alpha,
                 acceptance_by_position=[float(x) for x in self.acceptance_by_position],
                 accepted_length_counts=[int(x) for x in np.asarray(self.accepted_length_counts)])

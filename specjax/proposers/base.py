@@ -7,9 +7,11 @@ loop calls
 
   ``propose(params, state, pending, keys, sampling) -> (Candidates, state)``
       guesses that follow ``pending`` (the last emitted token, not yet in the target cache);
-  ``commit(params, state, candidates, target_length, path, num_accepted, active) -> state``
-      after verification: the row kept ``pending`` and the ``num_accepted`` candidates
-      ``path[:num_accepted]`` (node indices from the root down; for a chain ``0..n-1``);
+  ``commit(params, state, candidates, outcome) -> state``
+      after verification (``Outcome``): the row kept ``pending`` and the ``num_accepted``
+      candidates ``path[:num_accepted]`` (node indices from the root down; for a chain
+      ``0..n-1``); the target's logits over ``[pending, candidates]`` come along for proposers
+      that learn from the target's pass (Jacobi, lookahead);
 
 after ``prefill(params, prompt, prompt_lengths, cache_length) -> state`` once. The loop has no
 method-specific branches: it scores ``[pending, candidates]`` in one target forward and picks the
@@ -33,6 +35,29 @@ TREE = "tree"  # candidates form the static ``Candidates.tree`` below ``pending`
 
 
 @flax.struct.dataclass
+class Outcome:
+  """What one iteration's verification decided, per row, for the proposer's ``commit``."""
+
+  target_length: jax.Array  # int32[B] target cache length before the iteration (pending's slot)
+  path: jax.Array  # int32[B, D] accepted candidates from the root down, -1 after
+  num_accepted: jax.Array  # int32[B]
+  next_token: jax.Array  # int32[B] the token emitted after the path (the next pending token)
+  active: jax.Array  # bool[B] rows that were still generating (finished rows must not change)
+  logits: jax.Array  # float32[B, N + 1, V] the target's raw logits over [pending, candidates]
+
+
+@flax.struct.dataclass
+class RowTrees:
+  """The per-row structure of one iteration's token trees (a dynamic tree: sizes static, parents
+  per row), with the same fields as a static ``sj.Tree`` offers the loop and the verifiers."""
+
+  children: jax.Array  # int32[B, N + 1, C] row 0: the root's children, row i + 1: node i's
+  verification_mask: jax.Array  # bool[B, N + 1, N + 1] over [pending, nodes]
+  verification_depths: jax.Array  # int32[B, N + 1] over [pending, nodes]
+  max_depth: int = flax.struct.field(pytree_node=False, default=0)
+
+
+@flax.struct.dataclass
 class Candidates:
   """What a proposer hands the loop for one iteration.
 
@@ -41,7 +66,8 @@ class Candidates:
   were chosen deterministically (argmax, n-grams, ...), which the loop verifies with the one-hot
   rule (ALGORITHMS.md §4), never against a soft q. For a tree, ``q[b, 0]`` is the draft law the
   root's children were drawn from and ``q[b, i + 1]`` node i's children's, and ``rule`` says how
-  (``specjax.verify.tree.RULES``).
+  (``specjax.verify.tree.RULES``). A tree is either static (``tree``, an ``sj.Tree``) or per
+  row (``row_trees``, a ``RowTrees``).
   """
 
   tokens: jax.Array  # int32[B, N]
@@ -49,6 +75,12 @@ class Candidates:
   kind: str = flax.struct.field(pytree_node=False, default=CHAIN)
   tree: Any = flax.struct.field(pytree_node=False, default=None)  # sj.Tree for kind TREE
   rule: str = flax.struct.field(pytree_node=False, default="")  # tree children's rule
+  row_trees: RowTrees | None = None  # for kind TREE when the structure differs per row
+
+  @property
+  def structure(self):
+    """The tree's structure (an ``sj.Tree`` or ``RowTrees``), None for a chain."""
+    return self.tree if self.row_trees is None else self.row_trees
 
 
 class Proposer(Protocol):
@@ -65,8 +97,7 @@ class Proposer(Protocol):
   def propose(self, params: Any, state: Any, pending: jax.Array, keys: jax.Array,
               sampling: sampling_lib.Sampling) -> tuple[Candidates, Any]: ...
 
-  def commit(self, params: Any, state: Any, candidates: Candidates, target_length: jax.Array,
-             path: jax.Array, num_accepted: jax.Array, active: jax.Array) -> Any: ...
+  def commit(self, params: Any, state: Any, candidates: Candidates, outcome: Outcome) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +117,6 @@ class NoProposer:
     del params, keys, sampling
     return Candidates(tokens=jnp.zeros((pending.shape[0], 0), jnp.int32), q=None), state
 
-  def commit(self, params, state, candidates, target_length, path, num_accepted, active):
-    del params, candidates, target_length, path, num_accepted, active
+  def commit(self, params, state, candidates, outcome):
+    del params, candidates, outcome
     return state

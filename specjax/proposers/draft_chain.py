@@ -139,6 +139,7 @@ class DraftChain:
                                self.gamma)
     return Candidates(tokens=tokens, q=q, kind=CHAIN), state
 
-  def commit(self, params, state, candidates, target_length, path, num_accepted, active):
-    del params, path  # a chain's path is its first num_accepted tokens
-    return commit(state, candidates.tokens, target_length, num_accepted, active)
+  def commit(self, params, state, candidates, outcome):
+    del params  # a chain's path is its first num_accepted tokens
+    return commit(state, candidates.tokens, outcome.target_length, outcome.num_accepted,
+                  outcome.active)

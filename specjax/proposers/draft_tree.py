@@ -11,8 +11,11 @@ the vocabulary only the nodes of depth ``d`` that have children, whose children 
   ``q_{i+1} = norm(q_i without x_i)``;
 * ``children="top_k"``: the node's k most likely draft tokens, deterministic, verified by the
   one-hot rule (§4);
+* ``children="iid"``: drawn independently *with replacement* from q (SpecInfer's multi-draft;
+  SpecTr's k i.i.d. chains), verified by the rule with ``q_i = q`` or, for chains, by the
+  multi-draft ``rule`` given (``"k_seq"``, ``"naive_multi_draft"``: ``specjax.verify.spectr``);
 
-both exact. At temperature 0 children are the draft's top-k and the verifier walks the target's
+all exact. At temperature 0 children are the draft's top-k and the verifier walks the target's
 argmax (token-exact greedy). The last forward writes every node's key/value into the draft's
 scratch slots, so that after verification the accepted path is compacted into place exactly as
 in the target's cache (``kv_cache.compact_path``) and the draft never lags.
@@ -36,16 +39,33 @@ from flax import nnx
 
 from specjax import sampling as sampling_lib
 from specjax.models.kv_cache import KVCache, compact_path, init_cache
-from specjax.proposers.base import TREE, Candidates
+from specjax.proposers.base import TREE, Candidates, Outcome
 from specjax.trees import Tree
 
-CHILDREN = ("sampled", "top_k")
-_RULE = {"sampled": "without_replacement", "top_k": "one_hot"}
+CHILDREN = ("sampled", "top_k", "iid")
+_RULE = {"sampled": "without_replacement", "top_k": "one_hot", "iid": "with_replacement"}
 
 
 @flax.struct.dataclass
 class DraftTreeState:
   cache: KVCache  # committed = the target's committed tokens; lengths = the target's
+
+
+def prefill(draft, prompt: jax.Array, prompt_lengths: jax.Array,
+            cache_length: int) -> DraftTreeState:
+  """The draft's cache holds exactly the prompt, like the target's."""
+  cache = init_cache(draft.config, prompt.shape[0], cache_length)
+  _, cache = draft(prompt, cache)
+  return DraftTreeState(cache=cache.with_lengths(prompt_lengths))
+
+
+def commit(state: DraftTreeState, outcome: Outcome) -> DraftTreeState:
+  """The accepted path's entries (written by the proposal's last pass) move into place next to
+  the pending token's, as in the target's cache; the draft never lags."""
+  o = outcome
+  cache = compact_path(state.cache, o.path)
+  return DraftTreeState(cache=cache.with_lengths(
+      jnp.where(o.active, o.target_length + 1 + o.num_accepted, o.target_length)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +75,7 @@ class DraftTree:
   graphdef: Any
   tree: Tree
   children: str = "sampled"
+  rule: str = ""  # the sampled children's verification rule; "" = the one ``children`` implies
 
   @property
   def num_candidates(self) -> int:
@@ -71,10 +92,7 @@ class DraftTree:
   prefill_draft_calls = 1
 
   def prefill(self, params, prompt, prompt_lengths, cache_length):
-    draft = nnx.merge(self.graphdef, params)
-    cache = init_cache(draft.config, prompt.shape[0], cache_length)
-    _, cache = draft(prompt, cache)
-    return DraftTreeState(cache=cache.with_lengths(prompt_lengths))
+    return prefill(nnx.merge(self.graphdef, params), prompt, prompt_lengths, cache_length)
 
   def propose(self, params, state, pending, keys, sampling):
     """keys: key[B, >= depth], one per row and level (the Gumbel noise of sampled children)."""
@@ -88,6 +106,7 @@ class DraftTree:
     # replacement), so that the verifier's q_i = q without the earlier siblings holds even where
     # the tree's ranks skip values.
     sampled = self.children == "sampled" and not sampling.is_greedy
+    iid = self.children == "iid" and not sampling.is_greedy
     ranks = np.asarray(tree.sibling_index if sampled else tree.ranks, np.int32)
     has_children = np.zeros(n + 1, bool)
     has_children[parent_row] = True
@@ -111,19 +130,23 @@ class DraftTree:
               keys[:, d])
         q_all = q_all.at[:, parents].set(q)
       children = np.flatnonzero(depths == d + 1)  # rows of the nodes chosen now
-      width = int(ranks[children - 1].max()) + 1
-      best = jax.lax.top_k(scores, width)[1].astype(jnp.int32)  # [B, P, width]
       slot = np.searchsorted(parents, parent_row[children - 1])  # each child's parent among P
-      tokens = tokens.at[:, children].set(best[:, slot, ranks[children - 1]])
+      if iid:  # one independent Gumbel-argmax (a draw from q) per child
+        noise = jax.vmap(lambda k: jax.random.gumbel(k, (len(children),) + q.shape[2:],
+                                                     jnp.float32))(keys[:, d])
+        chosen = jnp.argmax(scores[:, slot] + noise, axis=-1).astype(jnp.int32)
+      else:
+        width = int(ranks[children - 1].max()) + 1
+        best = jax.lax.top_k(scores, width)[1].astype(jnp.int32)  # [B, P, width]
+        chosen = best[:, slot, ranks[children - 1]]
+      tokens = tokens.at[:, children].set(chosen)
     # Every node's entry into the draft's scratch slots, for compact_path after verification.
     _, cache = draft(tokens, state.cache, mask, depths, logits_at=0)
-    rule = "one_hot" if sampling.is_greedy else _RULE[self.children]
+    rule = "one_hot" if sampling.is_greedy else (self.rule or _RULE[self.children])
     candidates = Candidates(tokens=tokens[:, 1:], q=None if rule == "one_hot" else q_all,
                             kind=TREE, tree=tree, rule=rule)
     return candidates, state.replace(cache=cache)
 
-  def commit(self, params, state, candidates, target_length, path, num_accepted, active):
+  def commit(self, params, state, candidates, outcome):
     del params, candidates
-    cache = compact_path(state.cache, path)
-    return DraftTreeState(cache=cache.with_lengths(
-        jnp.where(active, target_length + 1 + num_accepted, target_length)))
+    return commit(state, outcome)

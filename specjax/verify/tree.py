@@ -14,7 +14,9 @@ how the children were proposed (``rule``):
   earlier siblings removed: ``q_1 = q``, ``q_{i+1} = norm(q_i with q_i(x_i) = 0)`` (Sequoia);
 * ``"with_replacement"``: sampled i.i.d. from ``q``: every ``q_i = q`` (SpecInfer's multi-draft);
 * ``"one_hot"``: chosen deterministically (top-k): ``q_i = one_hot(x_i)`` (rule 4 repeatedly), so
-  ``x_i`` is accepted with probability ``r(x_i)`` and a rejection removes it from ``r``.
+  ``x_i`` is accepted with probability ``r(x_i)`` and a rejection removes it from ``r``;
+* ``"k_seq"`` / ``"naive_multi_draft"``: the tree is ``k`` i.i.d. chains (SpecTr's drafts),
+  walked with the survivors of equal prefixes merged: ``specjax.verify.spectr``.
 
 Every rule emits tokens distributed exactly as the target (checked by enumeration in
 ``tests/test_tree_verify.py``); verifying top-k children against a *soft* q does not (the
@@ -22,7 +24,8 @@ negative control there). A child whose ``q_i(x_i) == 0`` was never drawn (the dr
 exhausted before it) and is skipped. At temperature 0, ``greedy_tree`` follows the target's argmax.
 
 One row, no batch dim; ``jax.vmap`` over rows. The tree's structure (``children``: int[N + 1, C],
-row 0 = the root's children, row i + 1 = node i's, by rank, -1 padded) is static numpy.
+row 0 = the root's children, row i + 1 = node i's, by rank, -1 padded) is static numpy for a
+static tree, or an array of the row's own (a dynamic tree; not for the multi-draft rules).
 """
 
 from __future__ import annotations
@@ -35,9 +38,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.sampling import sample_from_probs
+from specjax.trees import chain_table
+from specjax.verify import spectr
 from specjax.verify.rejection import acceptance_ratio, residual
 
-RULES = ("without_replacement", "with_replacement", "one_hot")
+# Multi-draft rules for k i.i.d. chains (sj.Tree.chains), walked with merged survivors (spectr.py).
+MULTI_DRAFT_RULES = {"k_seq": "k_seq", "naive_multi_draft": "naive"}
+RULES = ("without_replacement", "with_replacement", "one_hot") + tuple(MULTI_DRAFT_RULES)
 
 
 @flax.struct.dataclass
@@ -77,16 +84,18 @@ def tree_core(u: jax.Array, p: jax.Array, tokens: jax.Array, q: jax.Array | None
     tokens: int32[N] the nodes' tokens.
     q: float32[N + 1, V] the draft law each node's children were sampled from (row 0: the
       root's), or None for ``rule="one_hot"``.
-    children: int[N + 1, C] static children table (see the module docstring).
+    children: int[N + 1, C] children table (see the module docstring).
     rule: one of ``RULES``.
   """
   if rule not in RULES:
     raise ValueError(f"unknown tree rule {rule!r}; expected one of {RULES}")
   if (q is None) != (rule == "one_hot"):
     raise ValueError(f"rule {rule!r} {'takes no' if rule == 'one_hot' else 'needs a'} q")
-  children = np.asarray(children, np.int32)
+  if rule in MULTI_DRAFT_RULES:
+    return TreeCore(*spectr.chains_core(u, p, tokens, q, chain_table(np.asarray(children)),
+                                        MULTI_DRAFT_RULES[rule]))
   depth_steps, width = u.shape
-  table = jnp.asarray(children)
+  table = jnp.asarray(children, jnp.int32)
   node = jnp.int32(0)  # row index in [0, N]: 0 = the root
   r = p[0]
   stopped = jnp.bool_(False)
@@ -131,7 +140,7 @@ def sampled_tree(key: jax.Array, p: jax.Array, tokens: jax.Array, q: jax.Array |
                  children: np.ndarray, depth: int, rule: str) -> TreeVerdict:
   """Verifies one row's tree by the recursive rule (module docstring); ``depth`` = the tree's."""
   key_accept, key_draw = jax.random.split(key)
-  width = np.asarray(children).shape[1]
+  width = children.shape[1]
   u = jax.random.uniform(key_accept, (depth, width), jnp.float32)
   core = tree_core(u, p, tokens, q, children, rule)
   return TreeVerdict(path=core.path, num_accepted=core.num_accepted,
@@ -147,7 +156,7 @@ def greedy_tree(target_argmax: jax.Array, tokens: jax.Array, children: np.ndarra
     tokens: int32[N]; children: static int[N + 1, C]; depth: the tree's depth.
   Emits the greedy tokens exactly: the path's tokens are the argmax chain, then the argmax after.
   """
-  table = jnp.asarray(np.asarray(children, np.int32))
+  table = jnp.asarray(children, jnp.int32)
   node = jnp.int32(0)
   stopped = jnp.bool_(False)
   path = []
