@@ -33,7 +33,72 @@ PYTHON = [
     "    except (OSError, ValueError) as exc:\n        ",
 ]
 
+# Instructions for a chat model (SmolLM2-135M-Instruct, the default target): the runner wraps each
+# in the model's chat template (config.chat_template). Code, explanation, lists, short prose.
+CHAT = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "What is the capital of France? Answer in one sentence.",
+    "Explain in two sentences what a hash table is.",
+    "Give me three tips for writing readable code.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Summarise the water cycle in a few sentences.",
+    "List five fruits and their colours.",
+    "Write a short poem about the sea.",
+    "How do I reverse a list in Python?",
+    "What is the difference between a list and a tuple in Python?",
+    "Write a haiku about autumn.",
+    "Explain what recursion is, with a small example.",
+    "Give a one-paragraph description of the solar system.",
+    "Write a Python class for a bank account with deposit and withdraw methods.",
+    "What are the benefits of regular exercise?",
+    "Translate 'good morning, how are you?' into French and Spanish.",
+]
+
+_FUNCTIONS = [
+    ("def total_price(items):\n    total = 0\n    for item in items:\n        total += "
+     "item.price * item.quantity\n    return total\n", "Rename the variable total to acc."),
+    ("def read_config(path):\n    with open(path) as f:\n        lines = f.readlines()\n    "
+     "config = {}\n    for line in lines:\n        key, value = line.split('=')\n        "
+     "config[key.strip()] = value.strip()\n    return config\n",
+     "Skip lines that start with '#'."),
+    ("class Counter:\n    def __init__(self):\n        self.count = 0\n\n    def increment(self):"
+     "\n        self.count += 1\n\n    def reset(self):\n        self.count = 0\n",
+     "Add a decrement method."),
+    ("def find_max(values):\n    best = values[0]\n    for value in values[1:]:\n        if value"
+     " > best:\n            best = value\n    return best\n",
+     "Make it return None for an empty list."),
+    ("def greet(name, greeting='Hello'):\n    message = greeting + ', ' + name + '!'\n    "
+     "print(message)\n    return message\n", "Use an f-string instead of concatenation."),
+    ("def average(numbers):\n    if not numbers:\n        return 0\n    return sum(numbers) / "
+     "len(numbers)\n", "Add type hints."),
+    ("def is_prime(n):\n    if n < 2:\n        return False\n    for i in range(2, n):\n        "
+     "if n % i == 0:\n            return False\n    return True\n",
+     "Only test divisors up to the square root of n."),
+    ("def word_counts(text):\n    counts = {}\n    for word in text.split():\n        counts[word]"
+     " = counts.get(word, 0) + 1\n    return counts\n", "Make it case-insensitive."),
+]
+# Code editing: a function given in the prompt and asked back with a change (chat-style), where
+# copying from the prompt pays (prompt lookup, retrieval).
+CODE_EDIT = [f"{change} Return the whole function.\n\n```python\n{code}```"
+             for code, change in _FUNCTIONS]
+
+_PASSAGE = ("The Apollo 11 mission launched on July 16, 1969, from Kennedy Space Center. Neil "
+            "Armstrong and Buzz Aldrin landed the lunar module Eagle on the Moon on July 20, while "
+            "Michael Collins stayed in orbit aboard the command module Columbia. The crew returned "
+            "to Earth on July 24, splashing down in the Pacific Ocean.")
+# Extraction: answers that quote the prompt.
+EXTRACT = [f"{_PASSAGE}\n\n{question}" for question in (
+    "Copy the sentence that says when the mission launched.",
+    "List the names of the three astronauts.",
+    "Quote the sentence about Michael Collins.",
+    "Repeat the passage word for word.",
+)]
+
 PROMPT_SETS = {
+    "chat": CHAT,              # 16 instructions (use with chat_template=True)
+    "code-edit": CODE_EDIT,    # 8 code-editing instructions (chat_template=True)
+    "extract": EXTRACT,        # 4 extraction questions on one passage (chat_template=True)
+    "chat-small": CHAT[:4],
     "python": PYTHON,          # 16 prompts
     "python-small": PYTHON[:8],
     "python-tiny": PYTHON[:4],

@@ -72,7 +72,8 @@ def _json_safe(x):
 
 
 def _method_label(e: dict) -> str:
-  return e["method"] + (f" g={e['gamma']}" if e.get("gamma") is not None else "")
+  return (e["method"] + (f" g={e['gamma']}" if e.get("gamma") is not None else "")
+          + (f" {e['tree']}" if e.get("tree") else ""))
 
 
 def _temperatures(results: dict) -> list[float]:
@@ -96,6 +97,7 @@ COLUMNS: list[Column] = [
     ("accept", lambda e: e.get("acceptance_rate"), ".3f", False),
     ("E[alpha]", lambda e: e.get("expected_alpha"), ".3f", False),
     ("tok/call", lambda e: e.get("tokens_per_target_call"), ".2f", False),
+    ("nodes", lambda e: e.get("nodes_per_call") if e.get("tree") else None, ".0f", True),
     ("formula", lambda e: e.get("expected_tokens_per_call"), ".2f", True),
     ("theory", lambda e: e.get("theoretical_speedup"), ".2f", True),
     ("meas/theory", lambda e: e.get("measured_over_theoretical"), ".2f", True),
@@ -186,6 +188,24 @@ def leviathan_table(results: dict) -> str:
   return _markdown_table(header, body) if body else ""
 
 
+def tree_table(results: dict) -> str:
+  """Per tree setting: nodes per pass, its cost, tokens per iteration and how deep paths reach."""
+  rows = [e for e in results["settings"] if e.get("tree")]
+  if not rows:
+    return ""
+  depth = max(len(e.get("acceptance_by_position") or []) for e in rows)
+  header = ["T", "tree", "nodes", "v", "tok/iteration", "speedup"]
+  header += [f"reach {d}" for d in range(1, depth + 1)]
+  body = []
+  for e in rows:
+    reach = list(e.get("acceptance_by_position") or [])
+    reach += [None] * (depth - len(reach))
+    body.append([f"{e['temperature']:g}", e["tree"], _fmt(e.get("nodes_per_call"), ".0f"),
+                 _fmt(e.get("verify_cost")), _fmt(e.get("tokens_per_iteration")),
+                 _fmt(e.get("speedup"))] + [_fmt(r, ".3f") for r in reach])
+  return _markdown_table(header, body)
+
+
 def format_samples(results: dict, width: int = 100) -> str:
   s = results.get("samples") or {}
   if not s.get("continuations"):
@@ -197,7 +217,8 @@ def format_samples(results: dict, width: int = 100) -> str:
     out.append(f"  {label:<28} {repr(text)[:width]}")
   if s["temperature"] == 0:
     ar = [t for k, t in texts.items() if k.startswith("autoregressive ")]
-    specs = [t for k, t in texts.items() if k.startswith(("speculative ", "self_speculative "))]
+    specs = [t for k, t in texts.items()  # every exact method: not the draft alone, not hf_*
+             if not k.startswith(("autoregressive ", "draft_autoregressive ", "hf_"))]
     if ar and specs:
       same = all(t == ar[0] for t in specs)
       out.append("  speculative == autoregressive: " + ("yes, token for token" if same else
@@ -363,6 +384,13 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
          "fraction of prompts whose greedy tokens equal specjax autoregressive's; compile s: first "
          "call minus a timed one.", "",
          _markdown_table(header, body), ""]
+  trees = tree_table(results)
+  if trees:
+    md += ["## Trees and multi-draft methods", "",
+           "nodes: candidates verified per target pass; v: that pass over [pending, nodes] in "
+           "target steps; reach d: share of iterations whose accepted path reaches depth d "
+           "(for SpecTr, d drafts of one chain); tok/iteration leaves the prefill out.", "",
+           trees, ""]
   lev = leviathan_table(results)
   if lev:
     md += ["## Against the closed forms (Leviathan et al. 2023, Tables 2-3 shape)", "", lev, ""]
@@ -423,7 +451,8 @@ def load_results(path: str) -> dict:
     results = json.load(f)
   for e in results.get("settings", []):
     for k, v in list(e.items()):
-      if v is None and k not in ("gamma", "target_calls", "draft_calls", "proposed", "accepted"):
+      if v is None and k not in ("gamma", "tree", "target_calls", "draft_calls", "proposed",
+                                 "accepted"):
         e[k] = float("nan")
   return results
 

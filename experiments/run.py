@@ -60,20 +60,53 @@ def _one_line(msg: str) -> str:
 
 
 def make_settings(config) -> list[dict]:
-  """Every (method, gamma, temperature) to time, in interleaving order (temperature-major)."""
+  """Every (method, gamma or tree, temperature) to time, in interleaving order
+  (temperature-major)."""
   settings = []
   for t in config.temperatures:
     for m in config.methods:
       gammas = tuple(config.gammas) if m in runconfig.GAMMA_METHODS else (None,)
+      trees = tuple(config.trees) if m in runconfig.TREE_METHODS else (None,)
       for g in gammas:
-        settings.append(dict(method=m, gamma=g, temperature=float(t), top_k=int(config.top_k),
-                             top_p=float(config.top_p)))
+        for tree in trees:
+          settings.append(dict(method=m, gamma=g, tree=tree, temperature=float(t),
+                               top_k=int(config.top_k), top_p=float(config.top_p)))
   return settings
+
+
+def setting_key(s: dict) -> tuple:
+  """What tells two settings apart (besides top_k/top_p, fixed per run)."""
+  return s["method"], s["gamma"], s.get("tree"), s["temperature"]
 
 
 def setting_label(s: dict) -> str:
   g = f" g={s['gamma']}" if s["gamma"] is not None else ""
-  return f"{s['method']}{g} T={s['temperature']:g}"
+  tree = f" {s['tree']}" if s.get("tree") else ""
+  return f"{s['method']}{g}{tree} T={s['temperature']:g}"
+
+
+def tree_method(spec: str, draft):
+  """(label, method, nodes verified per call) for a tree spec (``runconfig.parse_tree_spec``):
+  ``sj.TreeSpeculative`` over a static or dynamic tree, or ``sj.SpecTr`` (K-SEQ / naive)."""
+  import specjax as sj
+  kind, sizes = runconfig.parse_tree_spec(spec)
+  if kind in ("spectr", "naive"):
+    k, length = sizes
+    return (f"spectr {'k_seq' if kind == 'spectr' else 'naive'} K={k} L={length}",
+            sj.SpecTr(draft, num_drafts=k, gamma=length,
+                      selection="k_seq" if kind == "spectr" else "naive"), k * length)
+  if kind == "dynamic":
+    tree = sj.DynamicTree(depth=sizes[0], width=sizes[1], nodes=sizes[2])
+  elif kind == "full":
+    tree = sj.Tree.full(depth=sizes[0], branching=sizes[1])
+  elif kind == "chains":
+    tree = sj.Tree.chains(num=sizes[0], depth=sizes[1])
+  else:  # comb: the draft's top-1 chain of depth D with W - 1 extra leaf siblings per depth
+    d, w = sizes
+    tree = sj.Tree.from_paths([(0,) * i for i in range(1, d + 1)]
+                              + [(0,) * i + (r,) for i in range(d) for r in range(1, w)])
+  return (f"tree {spec} ({tree.num_nodes} nodes, depth {tree.max_depth})",
+          sj.TreeSpeculative(draft, tree), tree.num_nodes)
 
 
 # ---------------------------------------------------------------------------------------- models
@@ -119,13 +152,23 @@ class _Models:
       if path is None:  # a random model: write it as an HF checkpoint first
         path = os.path.join(tmpdir, role)
         sj.save_model(self.sj[role], path)
-      model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+      if path.lower().endswith(".gguf"):  # transformers dequantizes the same file
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=dtype)
+      else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
       self.hf[role] = model.eval()
 
-  def encode(self, texts: list[str], max_tokens: int, add_bos: bool) -> list[list[int]]:
-    bos = getattr(self.tokenizer, "bos_token_id", None) if add_bos else None
+  def encode(self, texts: list[str], max_tokens: int, add_bos: bool,
+             chat: bool = False) -> list[list[int]]:
+    """Token ids per prompt, cut to their last ``max_tokens``. ``chat``: each text becomes a user
+    message in the tokenizer's chat template, ending where the assistant's reply starts."""
+    bos = getattr(self.tokenizer, "bos_token_id", None) if add_bos and not chat else None
     out = []
     for text in texts:
+      if chat:
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                  tokenize=False, add_generation_prompt=True)
       ids = list(self.tokenizer.encode(text, add_special_tokens=False))
       if bos is not None:
         ids = [int(bos)] + ids
@@ -163,7 +206,8 @@ def load_pair(target: str, draft: str | None, prompts: str, batch_size: int, pro
                       f"{len(texts)}")
   with tempfile.TemporaryDirectory() as tmpdir:
     models = _Models(config, specs, tmpdir)
-  encoded = models.encode(texts[:batch_size], prompt_tokens, bool(config.add_bos))
+  encoded = models.encode(texts[:batch_size], prompt_tokens, bool(config.add_bos),
+                          bool(config.chat_template))
   return models.sj["target"], models.sj.get("draft"), encoded, specs
 
 
@@ -342,7 +386,7 @@ class _Runner:
     self.methods = {}
 
   def method(self, s: dict):
-    key = (s["method"], s["gamma"])
+    key = (s["method"], s["gamma"], s.get("tree"))
     if key not in self.methods:
       sj = self.sj
       if s["method"] == "autoregressive":
@@ -355,6 +399,13 @@ class _Runner:
       elif s["method"] == "self_speculative":
         self.methods[key] = ("target", sj.SelfSpeculative(skip=tuple(self.config.skip),
                                                           gamma=int(s["gamma"])))
+      elif s["method"] == "prompt_lookup":
+        self.methods[key] = ("target", sj.PromptLookup(max_ngram=int(self.config.max_ngram),
+                                                       num_tokens=int(s["gamma"])))
+      elif s["method"] == "jacobi":
+        self.methods[key] = ("target", sj.Jacobi(block=int(s["gamma"])))
+      elif s["method"] == "tree":
+        self.methods[key] = ("target", tree_method(s["tree"], self.models.sj["draft"])[1])
     return self.methods[key]
 
   def __call__(self, s: dict, batch: list[list[int]], key_seed: tuple[int, int]):
@@ -456,6 +507,8 @@ class _StatsSum:
                 # Without the prefill (one call, one token per row): the iterations of Eq. 1.
                 tokens_per_iteration=div(s["generated"] - s["rows"],
                                          s["row_target_calls"] - s["rows"]),
+                # Candidates the target verified per iteration (gamma; a tree's node count).
+                nodes_per_call=div(s["proposed"], s["row_target_calls"] - s["rows"]),
                 acceptance_by_position=by_pos,
                 # Share of row-iterations that accepted exactly n drafts, n = 0..gamma.
                 accepted_length_histogram=[div(c, sum(s["accepted_length_counts"]))
@@ -537,7 +590,8 @@ def run_experiment(config, command: str | None = None) -> dict:
 
   with tempfile.TemporaryDirectory(prefix="specjax-run-") as tmpdir:
     models = _Models(config, specs, tmpdir)
-    prompts = models.encode(texts, int(config.max_prompt_tokens), bool(config.add_bos))
+    prompts = models.encode(texts, int(config.max_prompt_tokens), bool(config.add_bos),
+                            bool(config.chat_template))
     bsz = int(config.batch_size)
     # Fill the last batch by cycling the prompts: every batch has the same shape.
     n_rows = -(-len(prompts) // bsz) * bsz
@@ -552,12 +606,16 @@ def run_experiment(config, command: str | None = None) -> dict:
     # batch size.
     cost: dict[str, Any] = {}
     context = int(np.mean(prompt_lengths)) + int(config.max_new_tokens) // 2
+    tree_nodes = sorted({runconfig.tree_nodes(t) for t in config.trees}
+                        if "tree" in config.methods else ())
     cache_len = (max(prompt_lengths) + int(config.max_new_tokens)
-                 + max(tuple(config.gammas) or (0,)) + 2)
+                 + max([*tuple(config.gammas), *tree_nodes, 0]) + 2)
     if "draft" in models.sj:
       spec_gammas = tuple(int(g) for g in config.gammas) if any(
           m == "speculative" for m in config.methods) else ()
-      widths = (1,) + tuple(g + 1 for g in spec_gammas)
+      # Verification passes over gamma + 1 tokens, and over a tree's N + 1 (the mask does not
+      # change the cost).
+      widths = tuple(sorted({1, *(g + 1 for g in spec_gammas), *(n + 1 for n in tree_nodes)}))
       _log(f"[run] measuring the draft/target cost ratio (decoding steps in a jitted loop, "
            f"batch {bsz}, context {context})")
       cost = measure_step_costs(models, bsz, context, cache_len, widths=widths,
@@ -618,7 +676,7 @@ def run_experiment(config, command: str | None = None) -> dict:
   for rec in records:
     tps = [n / t for n, t in zip(rec["tokens"], rec["times"])]
     median_time = statistics.median(rec["times"])
-    entry = {k: rec[k] for k in ("method", "gamma", "temperature", "top_k", "top_p")}
+    entry = {k: rec[k] for k in ("method", "gamma", "tree", "temperature", "top_k", "top_p")}
     entry.update(rec["stats"].summary())
     entry.update(
         tokens_per_s=statistics.median(tps), tokens_per_s_runs=tps, seconds_runs=rec["times"],
@@ -628,9 +686,9 @@ def run_experiment(config, command: str | None = None) -> dict:
       entry["tokens_per_target_call"] = 1.0  # by definition
     results_settings.append(entry)
 
-  def find(method, temperature, gamma=None):
+  def find(method, temperature, gamma=None, tree=None):
     for e in results_settings:
-      if e["method"] == method and e["temperature"] == temperature and e["gamma"] == gamma:
+      if setting_key(e) == (method, gamma, tree, temperature):
         return e
     return None
 
@@ -694,9 +752,16 @@ def run_experiment(config, command: str | None = None) -> dict:
           e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]
       if a is not None:
         e["expected_tokens_per_call"] = metrics.expected_tokens_per_iteration(a, e["gamma"])
-      ar = find("autoregressive", e["temperature"])
-      if e["temperature"] == 0.0 and ar is not None:
-        e["greedy_match"] = _match(records, e, ar)
+    if e["method"] == "tree":
+      nodes = runconfig.tree_nodes(e["tree"])
+      verify_ms = (cost.get("target_verify_ms") or {}).get(str(nodes))
+      if verify_ms is not None:  # the pass over [pending, N nodes] in target steps
+        e["verify_cost"] = verify_ms / cost["target_step_ms"]
+    # Every exact method must reproduce the target's greedy tokens.
+    ar = find("autoregressive", e["temperature"])
+    if (e["temperature"] == 0.0 and ar is not None and not is_hf
+        and e["method"] not in ("autoregressive", "draft_autoregressive")):
+      e["greedy_match"] = _match(records, e, ar)
 
   # Optimal gamma by the formula, per temperature (alpha averaged over the gammas run).
   optimal = {}
@@ -757,8 +822,7 @@ def _match(records, a: dict, b: dict) -> float:
 
   def output(entry):
     for r in records:
-      if (r["method"], r["gamma"], r["temperature"]) == (entry["method"], entry["gamma"],
-                                                          entry["temperature"]):
+      if setting_key(r) == setting_key(entry):
         return r["outputs"]
     raise KeyError(setting_label(entry))
 

@@ -22,8 +22,13 @@ import ml_collections
 from experiments import prompts as prompts_lib
 
 # Decoding methods a config may list.
-SPECJAX_METHODS = ("autoregressive", "speculative", "draft_autoregressive", "self_speculative")
-GAMMA_METHODS = ("speculative", "self_speculative", "hf_assisted")  # swept over gammas
+SPECJAX_METHODS = ("autoregressive", "speculative", "draft_autoregressive", "self_speculative",
+                   "tree", "prompt_lookup", "jacobi")
+# Swept over gammas (guesses per iteration: prompt lookup's num_tokens, Jacobi's block).
+GAMMA_METHODS = ("speculative", "self_speculative", "hf_assisted", "prompt_lookup", "jacobi")
+TREE_METHODS = ("tree",)  # swept over trees (tree specs: parse_tree_spec)
+DRAFT_METHODS = ("speculative", "draft_autoregressive", "hf_assisted", "tree")  # need config.draft
+TREE_KINDS = {"full": 2, "chains": 2, "comb": 2, "dynamic": 3, "spectr": 2, "naive": 2}
 HF_METHODS = ("hf_autoregressive", "hf_assisted")  # transformers generate (torch, optional)
 METHODS = SPECJAX_METHODS + HF_METHODS
 COST_RATIO_SOURCES = ("step", "ar")
@@ -51,10 +56,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.num_prompts = 0  # 0 = all
   c.max_prompt_tokens = 64  # longer prompts keep their last tokens
   c.add_bos = True  # prepend the tokenizer's BOS (the default pair's document separator)
+  # Wrap each prompt as a user message in the tokenizer's chat template (instruction-tuned models
+  # such as SmolLM2-135M-Instruct); the template supplies its own special tokens (add_bos unused).
+  c.chat_template = False
   # Methods and sweeps.
   c.methods = ("autoregressive", "speculative")
   c.gammas = (1, 2, 3, 4, 6)
   c.skip = ()  # the layers self_speculative's draft leaves out (experiments/search_skip.py)
+  c.max_ngram = 3  # prompt_lookup: the longest n-gram looked up in the row's own text
+  # Token trees and multi-draft methods run by method "tree", one setting per spec
+  # (parse_tree_spec): full:DxB, chains:NxD, comb:DxW, dynamic:DxWxN (EAGLE-2), spectr:KxL
+  # (SpecTr K-SEQ), naive:KxL (SpecInfer's rule on SpecTr's drafts).
+  c.trees = ()
   # Sampling: every method runs at every temperature (0 = greedy); top_k / top_p apply to all.
   c.temperatures = (0.0, 1.0)
   c.top_k = 0
@@ -141,6 +154,31 @@ def apply_arg(config: ml_collections.ConfigDict, arg: str | None) -> ml_collecti
 # ----------------------------------------------------------------------------------- validation
 
 
+def parse_tree_spec(spec: str) -> tuple[str, tuple[int, ...]]:
+  """``"full:3x2"`` -> ``("full", (3, 2))``, checked (kinds and sizes: ``TREE_KINDS``)."""
+  kind, _, size = str(spec).partition(":")
+  if kind not in TREE_KINDS:
+    raise ConfigError(f"tree spec {spec!r}: unknown kind {kind!r} ({', '.join(TREE_KINDS)})")
+  want = "DxWxN" if TREE_KINDS[kind] == 3 else "AxB"
+  try:
+    sizes = tuple(int(x) for x in size.split("x"))
+  except ValueError:
+    raise ConfigError(f"tree spec {spec!r}: expected KIND:{want}, e.g. full:3x2") from None
+  if len(sizes) != TREE_KINDS[kind] or min(sizes) < 1:
+    raise ConfigError(f"tree spec {spec!r}: expected KIND:{want} with sizes >= 1")
+  return kind, sizes
+
+
+def tree_nodes(spec: str) -> int:
+  """Candidates a tree spec verifies per target pass (the cache room it needs)."""
+  kind, sizes = parse_tree_spec(spec)
+  if kind == "full":
+    return sum(sizes[1] ** d for d in range(1, sizes[0] + 1))
+  if kind == "dynamic":
+    return sizes[2]
+  return sizes[0] * sizes[1]  # chains, comb, spectr, naive
+
+
 def _is_int(x) -> bool:
   return isinstance(x, int) and not isinstance(x, bool)
 
@@ -176,6 +214,14 @@ def validate(config) -> None:
       raise ConfigError(f"gamma must be an integer >= 1, got {g!r}")
   if len(set(config.gammas)) != len(tuple(config.gammas)):
     raise ConfigError(f"gammas lists a value twice: {list(config.gammas)}")
+  if any(m in TREE_METHODS for m in methods) and not tuple(config.trees):
+    raise ConfigError("method 'tree' needs at least one tree spec in trees (e.g. "
+                      "trees=('full:3x2', 'spectr:4x4'))")
+  for spec in config.trees:
+    parse_tree_spec(spec)
+  if len(set(config.trees)) != len(tuple(config.trees)):
+    raise ConfigError(f"trees lists a spec twice: {list(config.trees)}")
+  _check_int(config, "max_ngram", 1)
   skip = tuple(config.skip)
   for i in skip:
     if not _is_int(i) or i < 0:
@@ -241,7 +287,7 @@ def validate(config) -> None:
 
 
 def needs_draft(config) -> bool:
-  return any(m in ("speculative", "draft_autoregressive", "hf_assisted") for m in config.methods)
+  return any(m in DRAFT_METHODS for m in config.methods)
 
 
 # ---------------------------------------------------------------------------------- checkpoints
@@ -278,6 +324,27 @@ def _check_dir(role: str, path: str) -> dict:
   return hf
 
 
+def _is_named(spec: str) -> bool:
+  """Not a path: a registered checkpoint name (``specjax.models.checkpoints``), or a mistake."""
+  return os.sep not in spec and not os.path.exists(spec)
+
+
+def _gguf_config(role: str, spec: str) -> tuple[dict, str]:
+  """(HF config dict, file) of a GGUF checkpoint given as a path or a registered name, from its
+  metadata (specjax.models.gguf; imports specjax, after validation has passed)."""
+  from specjax.models import checkpoints, gguf
+  if not spec.lower().endswith(".gguf") and spec not in checkpoints.CHECKPOINTS:
+    raise ConfigError(f"{role} checkpoint {spec!r} is neither a directory, a .gguf file nor a "
+                      f"checkpoint name ({', '.join(sorted(checkpoints.CHECKPOINTS))})")
+  try:
+    path = checkpoints.resolve_path(spec)
+    if not os.path.isfile(path):
+      raise ValueError(f"{role} checkpoint {spec} does not exist")
+    return gguf.read_hf_config(path), path
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
 def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
   """{role: ModelSpec} for target (and draft when a method needs it).
 
@@ -307,7 +374,10 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
       path = os.fspath(default_dirs[0 if role == "target" else 1])
     else:
       path = os.path.expanduser(spec)
-    hf = _check_dir(role, path)
+    if path.lower().endswith(".gguf") or _is_named(path):
+      hf, path = _gguf_config(role, path)
+    else:
+      hf = _check_dir(role, path)
     max_pos = hf.get("max_position_embeddings", hf.get("n_positions", 1 << 30))
     specs[role] = ModelSpec(role, spec, path, None, int(hf["vocab_size"]), int(max_pos), hf)
   specs = {role: specs[role] for role in roles}
@@ -321,16 +391,18 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
     if max(config.skip, default=-1) >= layers or len(config.skip) >= layers:
       raise ConfigError(f"skip {list(config.skip)} does not fit the target's {layers} layers "
                         f"(indices 0..{layers - 1}, at least one kept)")
-  need = config.max_prompt_tokens + config.max_new_tokens + max(tuple(config.gammas) or (0,)) + 2
+  room = max([*tuple(config.gammas), *(tree_nodes(t) for t in config.trees), 0])
+  need = config.max_prompt_tokens + config.max_new_tokens + room + 2
   for s in specs.values():
     if need > s.max_positions:
       raise ConfigError(f"max_prompt_tokens {config.max_prompt_tokens} + max_new_tokens "
-                        f"{config.max_new_tokens} (+ gamma + 2) = {need} exceeds the {s.role} "
+                        f"{config.max_new_tokens} (+ the largest gamma or tree + 2) = {need} exceeds "
+                        f"the {s.role} "
                         f"model's context of {s.max_positions} positions")
   tok = config.tokenizer
   if tok not in ("", "bytes"):
     return specs
-  if tok == "" and specs["target"].path is not None:
+  if tok == "" and specs["target"].path is not None and os.path.isdir(specs["target"].path):
     path = specs["target"].path
     if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json",
                                                                "tokenizer_config.json")):

@@ -16,7 +16,8 @@ import time
 from absl.testing import absltest, parameterized
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-CONFIGS = ("tiny", "default", "leviathan", "chen", "compare_hf", "bench", "self_speculative")
+CONFIGS = ("tiny", "default", "leviathan", "chen", "compare_hf", "bench", "self_speculative",
+           "tree", "eagle2_tree", "spectr", "prompt_lookup", "jacobi")
 FAIL_FAST_SECONDS = 30  # generous for a loaded machine; a bad config takes ~0.3s when idle
 
 
@@ -209,6 +210,12 @@ class ConfigErrorTest(parameterized.TestCase):
       ("unknown_flag_field", ["--config.bogus=1"], "unknown config field"),
       ("missing_prompts_file", ["--config.prompts=/nonexistent/prompts.txt"],
        "neither a built-in set"),
+      ("tree_without_trees", ["--config.methods=autoregressive,tree"],
+       "method 'tree' needs at least one tree spec in trees"),
+      ("bad_tree_spec", ["--config.methods=autoregressive,tree", "--config.trees=full:3"],
+       "tree spec 'full:3': expected KIND:AxB"),
+      ("unknown_tree_kind", ["--config.methods=autoregressive,tree", "--config.trees=star:2x2"],
+       "tree spec 'star:2x2': unknown kind 'star'"),
       ("skip_twice", ["--config.methods=autoregressive,self_speculative", "--config.skip=1,1"],
        "skip lists a layer twice: [1, 1]"),
       ("skip_out_of_range", ["--config.methods=autoregressive,self_speculative",
@@ -399,6 +406,31 @@ class SearchSkipTest(absltest.TestCase):
     self.assertIn("self_speculative", results["cost"])
 
 
+class TreeRunTest(absltest.TestCase):
+  """The runner's tree method: a static tree, a dynamic tree and SpecTr on tiny random models."""
+
+  def test_tree_settings(self):
+    from experiments import report, run
+
+    config = _load_config_module("tiny").get_config(
+        "methods=autoregressive/tree,trees=dynamic:2x2x3/spectr:2x2,temperature=0,"
+        "repeats=1,n=8,batch=2,num_prompts=2,plots=false,progress=false")
+    with tempfile.TemporaryDirectory() as tmp:
+      config.output_dir = tmp
+      results = run.run_experiment(config)
+      md = pathlib.Path(tmp, "report.md").read_text()
+    trees = [e for e in results["settings"] if e["method"] == "tree"]
+    self.assertEqual([e["tree"] for e in trees], ["dynamic:2x2x3", "spectr:2x2"])
+    for e, nodes in zip(trees, (3, 4)):
+      self.assertEqual(e["greedy_match"], 1.0)
+      self.assertAlmostEqual(e["nodes_per_call"], nodes)
+      self.assertGreater(e["verify_cost"], 0)
+      self.assertLen(e["acceptance_by_position"], 2)
+      self.assertIn(f"| 0 | {e['tree']} | {nodes} |", md)
+    self.assertIn("## Trees and multi-draft methods", md)
+    self.assertIn("tree spectr:2x2", report.format_table(results))
+
+
 class GpuCheckScriptTest(absltest.TestCase):
   """experiments/gpu_check.sh (run by hand on an accelerator): every stage's command line parses
   and validates (dry runs), and a failing stage shows in its summary line."""
@@ -456,15 +488,14 @@ class TreeVsChainTest(absltest.TestCase):
 
     target, _ = random_models.random_pair(seed=0)
     prompts = [list(b"def f(x):"), list(b"import os")]
-    trees = ["comb:3x2", "dynamic:2x2x4", "spectr:3x2"]
+    trees = ["comb:3x2", "spectr:3x2"]
     rows = tree_vs_chain.compare(target, target, prompts, ["2"], trees, max_new_tokens=9,
                                  temperature=0.0, repeats=1)
-    self.assertEqual([r["nodes"] for r in rows], [0, 2, 6, 4, 6])
+    self.assertEqual([r["nodes"] for r in rows], [0, 2, 6, 6])
     # Draft = target, greedy: every iteration accepts the whole chain / the tree's full depth;
-    # 8 tokens after the prefill: AR 1 per call, chain g=2 8/3, comb depth 3: 8/2, the dynamic
-    # tree and SpecTr (depth 2) 8/3.
-    np.testing.assert_allclose([r["tokens_per_call"] for r in rows],
-                               [1.0, 8 / 3, 4.0, 8 / 3, 8 / 3])
+    # 8 tokens after the prefill: AR 1 per call, chain g=2 8/3, comb depth 3: 8/2, SpecTr
+    # (depth 2) 8/3.
+    np.testing.assert_allclose([r["tokens_per_call"] for r in rows], [1.0, 8 / 3, 4.0, 8 / 3])
     self.assertTrue(all(r["seconds"] > 0 for r in rows))
 
 

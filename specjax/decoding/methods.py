@@ -25,6 +25,8 @@ from specjax.proposers.base import NoProposer
 from specjax.proposers.draft_chain import DraftChain
 from specjax.proposers.draft_tree import CHILDREN, DraftTree
 from specjax.proposers.dynamic_tree import DraftDynamicTree
+from specjax.proposers.jacobi import JacobiProposer
+from specjax.proposers.prompt_lookup import PromptLookupProposer
 from specjax.trees import DynamicTree, Tree
 
 
@@ -205,6 +207,85 @@ class SpecTr:
 
 
 SELECTION_RULES = {"k_seq": "k_seq", "naive": "naive_multi_draft"}  # SpecTr's -> tree rules
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptLookup:
+  """Prompt lookup decoding (Saxena 2023; Hugging Face ``prompt_lookup_num_tokens``;
+  ALGORITHMS.md §10): the guesses are the ``num_tokens`` tokens that followed the most recent
+  earlier occurrence of the row's last n tokens (n = ``max_ngram`` down to 1) in its own text.
+
+  No draft model: the guesses are deterministic, verified by the one-hot rule (§4), so the method
+  is lossless at any temperature. It pays off where the output copies its input (code edits,
+  extraction, summaries quoting the source). See ``specjax.proposers.prompt_lookup`` for where
+  it differs from transformers.
+  """
+
+  max_ngram: int = 3
+  num_tokens: int = 4
+  name = "prompt_lookup"
+
+  def __post_init__(self):
+    check_count(self.max_ngram, "max_ngram", "the longest n-gram looked up")
+    check_count(self.num_tokens, "num_tokens", "guesses per iteration")
+
+  @property
+  def gamma(self) -> int:
+    """Guesses per iteration, as for a chain."""
+    return self.num_tokens
+
+  def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
+    del width, max_new_tokens, what  # generate checked the context; the guesses come from it
+    check_guesses(self.num_tokens, "num_tokens", target)
+
+  def proposer(self, target: Transformer):
+    del target
+    return PromptLookupProposer(max_ngram=self.max_ngram, num_tokens=self.num_tokens), None
+
+
+@dataclasses.dataclass(frozen=True)
+class Jacobi:
+  """Jacobi decoding (Santilli et al. 2023, "Accelerating Transformer Inference for Translation
+  via Parallel Decoding", ACL 2023; ALGORITHMS.md §8): a block of ``block`` guesses, each the
+  target's own output at that position in the previous pass (the fixed-point update).
+
+  No draft model; the guesses are deterministic (argmax at any temperature), verified by the
+  one-hot rule (§4): lossless. Greedy, it is Jacobi iteration on the block.
+  """
+
+  block: int = 4
+  name = "jacobi"
+
+  def __post_init__(self):
+    check_count(self.block, "block", "guesses per iteration")
+
+  @property
+  def gamma(self) -> int:
+    """Guesses per iteration, as for a chain."""
+    return self.block
+
+  def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
+    del width, max_new_tokens, what  # generate checked the context
+    check_guesses(self.block, "block", target)
+
+  def proposer(self, target: Transformer):
+    del target
+    return JacobiProposer(block=self.block), None
+
+
+def check_count(value, field: str, meaning: str) -> None:
+  """A hyper-parameter that counts something must be a (non-bool) integer >= 1."""
+  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    raise ValueError(f"{field} must be an integer >= 1 ({meaning}), got {value!r}")
+
+
+def check_guesses(count: int, field: str, target: Transformer) -> None:
+  """``count`` guesses and the pending token are scored in one target pass: they must fit the
+  target's context (the cache always has room: ``generate`` sizes it with the guesses)."""
+  limit = target.config.max_position_embeddings
+  if count >= limit:
+    raise ValueError(f"{field} {count}: {count} guesses + the pending token do not fit the target "
+                     f"model's maximum context {limit}")
 
 
 def check_tree(tree: Tree | DynamicTree, draft: Transformer, target: Transformer, width: int,

@@ -121,6 +121,13 @@ def _hf_config(reader, path: str) -> dict[str, Any]:
   )
 
 
+def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
+  """The file's model description as an HF ``config.json`` dict, from the metadata alone (no
+  tensor is read or dequantized): what a runner checks before loading anything."""
+  path = os.fspath(path)
+  return _hf_config(_open(path), path)
+
+
 def _gguf_names(config: ModelConfig, arch: str) -> dict[str, str]:
   """{GGUF tensor name: HF tensor name} for every tensor a checkpoint of ``config`` holds."""
   import gguf
