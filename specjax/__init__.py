@@ -1,8 +1,8 @@
 """specjax: speculative decoding for JAX/Flax, jit-compiled end to end. See DESIGN.md §2."""
 
 from specjax.decoding.generate import GenerateOutput, generate
-from specjax.decoding.methods import (Autoregressive, Jacobi, PromptLookup, SelfSpeculative,
-                                      SpecTr, Speculative, TreeSpeculative)
+from specjax.decoding.methods import (Autoregressive, Jacobi, Lookahead, PromptLookup,
+                                      SelfSpeculative, SpecTr, Speculative, TreeSpeculative)
 from specjax.decoding.stats import DecodeStats
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_model, load_tokenizer, save_model
@@ -11,8 +11,8 @@ from specjax.sampling import Sampling
 from specjax.trees import DynamicTree, Tree
 
 __all__ = [
-    "Autoregressive", "DecodeStats", "DynamicTree", "GenerateOutput", "Jacobi", "ModelConfig",
-    "PromptLookup", "Sampling", "SelfSpeculative", "SpecTr", "Speculative", "Transformer", "Tree",
-    "TreeSpeculative", "forward", "generate", "init_model", "load_model", "load_tokenizer",
-    "save_model",
+    "Autoregressive", "DecodeStats", "DynamicTree", "GenerateOutput", "Jacobi", "Lookahead",
+    "ModelConfig", "PromptLookup", "Sampling", "SelfSpeculative", "SpecTr", "Speculative",
+    "Transformer", "Tree", "TreeSpeculative", "forward", "generate", "init_model", "load_model",
+    "load_tokenizer", "save_model",
 ]

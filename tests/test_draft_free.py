@@ -136,26 +136,33 @@ METHODS = (("prompt_lookup", sj.PromptLookup(max_ngram=3, num_tokens=4)),
            ("jacobi", sj.Jacobi(block=3)))
 
 
+def greedy_run(test: absltest.TestCase, method):
+  """``method`` at T = 0 on ``GREEDY_PROMPTS``: asserts the tokens equal the cache-free greedy
+  ones (ragged, per-row EOS) and that the stats add up; returns (stats, tokens per target call by
+  row, a message naming them). Shared with the other draft-free methods' tests."""
+  target = random_transformer(TF_CONFIG, LOOP_TARGET_SEED)
+  expected = truncate_at_eos(forward_greedy(target, GREEDY_PROMPTS, GREEDY_NEW), GREEDY_EOS)
+  lengths = (expected >= 0).sum(1)
+  test.assertTrue(np.all(lengths[[0, 3]] < GREEDY_NEW) and lengths[0] != lengths[3] and
+                  np.all(lengths[[1, 2, 4]] == GREEDY_NEW), msg=f"lengths {lengths}")
+  out = sj.generate(target, GREEDY_PROMPTS, method, max_new_tokens=GREEDY_NEW,
+                    eos_token_id=GREEDY_EOS)
+  np.testing.assert_array_equal(out.tokens, expected)
+  np.testing.assert_array_equal(out.lengths, lengths)
+  s = out.stats
+  test.assertEqual(int(s.draft_calls), 0)
+  test.assertEqual(int(np.sum(s.accepted_length_counts)),
+                   int(np.sum(s.row_target_calls)) - len(GREEDY_PROMPTS))
+  per_call = np.asarray(out.lengths) / np.asarray(s.row_target_calls)
+  return s, per_call, f"tokens per target call by row {per_call}"
+
+
 @slow
 class GreedyTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*METHODS)
   def test_greedy_equals_autoregressive(self, method):
-    target = random_transformer(TF_CONFIG, LOOP_TARGET_SEED)
-    expected = truncate_at_eos(forward_greedy(target, GREEDY_PROMPTS, GREEDY_NEW), GREEDY_EOS)
-    lengths = (expected >= 0).sum(1)
-    self.assertTrue(np.all(lengths[[0, 3]] < GREEDY_NEW) and lengths[0] != lengths[3] and
-                    np.all(lengths[[1, 2, 4]] == GREEDY_NEW), msg=f"lengths {lengths}")
-    out = sj.generate(target, GREEDY_PROMPTS, method, max_new_tokens=GREEDY_NEW,
-                      eos_token_id=GREEDY_EOS)
-    np.testing.assert_array_equal(out.tokens, expected)
-    np.testing.assert_array_equal(out.lengths, lengths)
-    s = out.stats
-    self.assertEqual(int(s.draft_calls), 0)
-    self.assertEqual(int(np.sum(s.accepted_length_counts)),
-                     int(np.sum(s.row_target_calls)) - len(GREEDY_PROMPTS))
-    per_call = np.asarray(out.lengths) / np.asarray(s.row_target_calls)
-    msg = f"tokens per target call by row {per_call}"
+    s, per_call, msg = greedy_run(self, method)
     self.assertGreater(s.acceptance_rate, 0.0)
     self.assertGreater(s.tokens_per_target_call, 1.0)
     # Copying and repeating are what these guesses catch: row 1 (its prompt, then one token).

@@ -17,7 +17,7 @@ from absl.testing import absltest, parameterized
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = ("tiny", "default", "leviathan", "chen", "compare_hf", "bench", "self_speculative",
-           "tree", "eagle2_tree", "spectr", "prompt_lookup", "jacobi")
+           "tree", "eagle2_tree", "spectr", "prompt_lookup", "jacobi", "lookahead")
 FAIL_FAST_SECONDS = 30  # generous for a loaded machine; a bad config takes ~0.3s when idle
 
 
@@ -216,6 +216,9 @@ class ConfigErrorTest(parameterized.TestCase):
        "tree spec 'full:3': expected KIND:AxB"),
       ("unknown_tree_kind", ["--config.methods=autoregressive,tree", "--config.trees=star:2x2"],
        "tree spec 'star:2x2': unknown kind 'star'"),
+      ("bad_lookahead_spec", ["--config.methods=autoregressive,lookahead",
+                              "--config.lookahead=4x1x4"],
+       "lookahead spec '4x1x4': expected WxNxG (window x n-gram size x guesses, N >= 2)"),
       ("skip_twice", ["--config.methods=autoregressive,self_speculative", "--config.skip=1,1"],
        "skip lists a layer twice: [1, 1]"),
       ("skip_out_of_range", ["--config.methods=autoregressive,self_speculative",

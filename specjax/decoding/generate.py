@@ -14,6 +14,7 @@ from specjax.decoding import loop
 from specjax.decoding.methods import Autoregressive, Speculative, TreeSpeculative
 from specjax.decoding.stats import DecodeStats
 from specjax.models.transformer import Transformer, check_context, check_model
+from specjax.proposers.base import num_extra
 from specjax.sampling import Sampling
 
 PROMPT_BUCKET = 16  # prompts are right-padded to a multiple of this, to share compilations
@@ -118,5 +119,6 @@ def generate(
       target_graphdef, target_state, proposer, proposer_params, jnp.asarray(prompt),
       jnp.asarray(lengths), key, sampling=sampling, max_new_tokens=max_new_tokens,
       eos_ids=eos_ids,
-      cache_length=prompt.shape[1] + max_new_tokens + proposer.num_candidates + 1)
+      cache_length=prompt.shape[1] + max_new_tokens + proposer.num_candidates + num_extra(proposer)
+      + 1)
   return GenerateOutput(tokens=tokens, lengths=out_lengths, stats=stats)

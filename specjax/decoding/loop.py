@@ -181,11 +181,14 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
                                                   keys[:, 1:], sampling)
     drafts = candidates.tokens
     tree = candidates.structure
-    mask, depths = ((None, None) if tree is None else
-                    (tree.verification_mask, tree.verification_depths))
-    logits, cache = target(jnp.concatenate([state.pending[:, None], drafts], axis=1),
-                           state.target_cache, mask, depths)
-    verdict = _verify(keys[:, 0], logits, candidates, sampling)
+    # One pass over [pending, candidates, extras] (extras: scored, never accepted; ScoredExtra).
+    scored = [state.pending[:, None], drafts]
+    if candidates.extra is not None:
+      scored.append(candidates.extra.tokens)
+    mask, depths = candidates.pass_layout()
+    logits, cache = target(jnp.concatenate(scored, axis=1), state.target_cache, mask, depths)
+    verified = logits if candidates.extra is None else logits[:, :num + 1]
+    verdict = _verify(keys[:, 0], verified, candidates, sampling)
     path, n, nxt = verdict.path, verdict.num_accepted, verdict.next_token
     j = jnp.arange(depth + 1)[None, :]
     on_path = jnp.take_along_axis(drafts, jnp.maximum(path, 0), axis=1)  # [B, D]

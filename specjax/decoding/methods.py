@@ -26,6 +26,7 @@ from specjax.proposers.draft_chain import DraftChain
 from specjax.proposers.draft_tree import CHILDREN, DraftTree
 from specjax.proposers.dynamic_tree import DraftDynamicTree
 from specjax.proposers.jacobi import JacobiProposer
+from specjax.proposers.lookahead import LookaheadProposer
 from specjax.proposers.prompt_lookup import PromptLookupProposer
 from specjax.trees import DynamicTree, Tree
 
@@ -273,10 +274,57 @@ class Jacobi:
     return JacobiProposer(block=self.block), None
 
 
-def check_count(value, field: str, meaning: str) -> None:
-  """A hyper-parameter that counts something must be a (non-bool) integer >= 1."""
-  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"{field} must be an integer >= 1 ({meaning}), got {value!r}")
+@dataclasses.dataclass(frozen=True)
+class Lookahead:
+  """Lookahead decoding (Fu et al. 2024, arXiv 2402.02057; ALGORITHMS.md §9): Jacobi iteration on
+  a ``window`` x ``ngram - 1`` window, scored in the verification pass itself, fills a per-row
+  pool of ``ngram``-grams; up to ``guesses`` pool entries that start with the pending token are
+  verified as a trie of ``ngram - 1``-token chains.
+
+  No draft model; the guesses are deterministic (argmax, n-grams), verified by the one-hot rule
+  (§4, §5): lossless at any temperature, greedy tokens at T = 0. One target pass scores
+  ``1 + guesses (ngram - 1) + window (ngram - 1) - 1`` tokens. ``pool_size``: n-grams each row
+  remembers (``specjax.proposers.lookahead.NGramPool``).
+  """
+
+  window: int = 4
+  ngram: int = 4
+  guesses: int = 4
+  pool_size: int = 4096
+  name = "lookahead"
+
+  def __post_init__(self):
+    check_count(self.window, "window", "W, the lookahead window's columns")
+    check_count(self.ngram, "ngram", "N, the n-gram size", minimum=2)
+    check_count(self.guesses, "guesses", "G, n-grams verified per pass")
+    check_count(self.pool_size, "pool_size", "n-grams remembered per row",
+                minimum=max(self.window + self.ngram, self.guesses))
+
+  @property
+  def gamma(self) -> int:
+    """The most guesses one pass can accept (ngram - 1), as for a chain."""
+    return self.ngram - 1
+
+  def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
+    del width, max_new_tokens, what  # generate checked the context
+    proposer, _ = self.proposer(target)
+    tokens = 1 + proposer.num_candidates + proposer.num_extra
+    limit = target.config.max_position_embeddings
+    if tokens > limit:
+      raise ValueError(f"lookahead window={self.window}, ngram={self.ngram}, guesses="
+                       f"{self.guesses}: its pass over {tokens} tokens does not fit the target "
+                       f"model's maximum context {limit}")
+
+  def proposer(self, target: Transformer):
+    del target
+    return LookaheadProposer(window=self.window, ngram=self.ngram, guesses=self.guesses,
+                             pool_size=self.pool_size), None
+
+
+def check_count(value, field: str, meaning: str, minimum: int = 1) -> None:
+  """A hyper-parameter that counts something must be a (non-bool) integer >= ``minimum``."""
+  if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    raise ValueError(f"{field} must be an integer >= {minimum} ({meaning}), got {value!r}")
 
 
 def check_guesses(count: int, field: str, target: Transformer) -> None:

@@ -10,13 +10,17 @@ loop calls
   ``commit(params, state, candidates, outcome) -> state``
       after verification (``Outcome``): the row kept ``pending`` and the ``num_accepted``
       candidates ``path[:num_accepted]`` (node indices from the root down; for a chain
-      ``0..n-1``); the target's logits over ``[pending, candidates]`` come along for proposers
-      that learn from the target's pass (Jacobi, lookahead);
+      ``0..n-1``); the target's logits over ``[pending, candidates, extras]`` come along for
+      proposers that learn from the target's pass (Jacobi, lookahead);
 
 after ``prefill(params, prompt, prompt_lengths, cache_length) -> state`` once. The loop has no
 method-specific branches: it scores ``[pending, candidates]`` in one target forward and picks the
 verifier from the candidates' shape and the sampling (``specjax.decoding.loop``). Adding a method
 means one proposer (here), one method dataclass (``specjax.decoding.methods``) and its tests.
+
+A proposer may also have tokens scored in that same forward that are never accepted
+(``Candidates.extra``, a ``ScoredExtra``: lookahead decoding's window); it then declares their
+number ``num_extra`` (static; absent means 0) so that the caches have room for them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Protocol
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import sampling as sampling_lib
 
@@ -43,7 +48,10 @@ class Outcome:
   num_accepted: jax.Array  # int32[B]
   next_token: jax.Array  # int32[B] the token emitted after the path (the next pending token)
   active: jax.Array  # bool[B] rows that were still generating (finished rows must not change)
-  logits: jax.Array  # float32[B, N + 1, V] the target's raw logits over [pending, candidates]
+  # float32[B, 1 + N + M, V] the target's raw logits over [pending, candidates, extras]: row 0
+  # the pending token's, rows 1..N the candidates' (as without extras), rows N + 1.. the M
+  # ``Candidates.extra`` tokens' (M = 0 without extras).
+  logits: jax.Array
 
 
 @flax.struct.dataclass
@@ -55,6 +63,26 @@ class RowTrees:
   verification_mask: jax.Array  # bool[B, N + 1, N + 1] over [pending, nodes]
   verification_depths: jax.Array  # int32[B, N + 1] over [pending, nodes]
   max_depth: int = flax.struct.field(pytree_node=False, default=0)
+
+
+@flax.struct.dataclass
+class ScoredExtra:
+  """Tokens the target scores in the candidates' pass that are never accepted: the lookahead
+  branch of lookahead decoding (Fu et al. 2024, arXiv 2402.02057), whose logits are its window's
+  next Jacobi step. Scoring them in the same forward is what makes the window free of extra
+  target calls (one pass over ``[pending, candidates, extras]``).
+
+  Extra ``i`` sits at position ``length + depths[i]`` (the pending token's is ``length``) and sees
+  the committed prefix, the pending token iff ``mask[i][0]`` and extra ``j`` iff
+  ``mask[i][1 + j]``. Candidates never see extras and extras never see candidates, so the
+  candidates' logits, the verdict and the committed cache entries are those of the pass without
+  extras; the extras' entries land past the candidates' scratch slots, beyond any committed
+  length (scratch, overwritten by the next pass). Mask and depths are static (hashable tuples).
+  """
+
+  tokens: jax.Array  # int32[B, M]
+  mask: tuple[tuple[bool, ...], ...] = flax.struct.field(pytree_node=False)  # [M][M + 1]
+  depths: tuple[int, ...] = flax.struct.field(pytree_node=False)  # [M] >= 1
 
 
 @flax.struct.dataclass
@@ -76,17 +104,45 @@ class Candidates:
   tree: Any = flax.struct.field(pytree_node=False, default=None)  # sj.Tree for kind TREE
   rule: str = flax.struct.field(pytree_node=False, default="")  # tree children's rule
   row_trees: RowTrees | None = None  # for kind TREE when the structure differs per row
+  extra: ScoredExtra | None = None  # scored after the candidates, never accepted
 
   @property
   def structure(self):
     """The tree's structure (an ``sj.Tree`` or ``RowTrees``), None for a chain."""
     return self.tree if self.row_trees is None else self.row_trees
 
+  def pass_layout(self):
+    """(tree_mask, depths) of the target pass over ``[pending, candidates, extras]`` (the
+    ``Transformer`` arguments): ``(None, None)`` for a plain chain (the causal default), the
+    tree's verification mask and depths for a tree, and with extras the block mask that keeps
+    candidates and extras apart (``ScoredExtra``). Static numpy unless the tree is per row."""
+    tree, extra = self.structure, self.extra
+    if extra is None:
+      return (None, None) if tree is None else (tree.verification_mask, tree.verification_depths)
+    n = self.tokens.shape[1]
+    if tree is None:  # a chain: causal over [pending, candidates]
+      head_mask, head_depths = np.tril(np.ones((n + 1, n + 1), bool)), np.arange(n + 1)
+    else:
+      head_mask, head_depths = tree.verification_mask, tree.verification_depths
+    xp = np if isinstance(head_mask, np.ndarray) else jnp
+    lead = head_mask.shape[:-2]  # () static, (B,) per row
+    sees = np.asarray(extra.mask, bool).reshape(-1, 1 + extra.tokens.shape[1])  # [M, M + 1]
+    m = sees.shape[0]
+    bottom = np.concatenate([sees[:, :1], np.zeros((m, n), bool), sees[:, 1:]], axis=1)
+    mask = xp.concatenate([
+        xp.concatenate([head_mask, xp.zeros(lead + (n + 1, m), bool)], axis=-1),
+        xp.broadcast_to(bottom, lead + bottom.shape)], axis=-2)
+    depths = xp.concatenate([xp.asarray(head_depths, np.int32),
+                             xp.broadcast_to(np.asarray(extra.depths, np.int32), lead + (m,))],
+                            axis=-1)
+    return mask, depths
+
 
 class Proposer(Protocol):
   """Static description of a way to guess; see the module docstring."""
 
   num_candidates: int  # N: candidates per iteration (static)
+  # num_extra: int, optional  # M: tokens scored per iteration but never accepted (ScoredExtra)
   depth: int  # D: the most candidates one iteration can accept (chain: N; tree: its depth)
   draft_calls_per_iteration: int  # draft forward passes per iteration (for DecodeStats)
   prefill_draft_calls: int  # draft forward passes of ``prefill``
@@ -120,3 +176,9 @@ class NoProposer:
   def commit(self, params, state, candidates, outcome):
     del params, candidates, outcome
     return state
+
+
+def num_extra(proposer) -> int:
+  """M: the tokens ``proposer`` has scored per iteration besides its candidates (0 unless it
+  declares ``num_extra``): the target cache needs room for ``1 + N + M`` scratch slots."""
+  return int(getattr(proposer, "num_extra", 0))
