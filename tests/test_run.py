@@ -283,7 +283,8 @@ class ConfigFilesTest(parameterized.TestCase):
 
   def test_default_config_shape(self):
     config = _load_config_module("default").get_config()
-    self.assertEqual(config.target, "default")
+    self.assertEqual(config.target, "smollm2-135m")  # the real model of the README's first command
+    self.assertTrue(config.chat_template)
     self.assertIn(0.0, tuple(config.temperatures))
     self.assertIn(1.0, tuple(config.temperatures))
     self.assertBetween(config.max_new_tokens, 64, 128)
