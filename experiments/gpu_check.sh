@@ -56,10 +56,13 @@ stage bench_b1 150 "$PY" -m experiments.run --config=configs/bench.py:batch_size
   --config.target="$TARGET" --config.draft="$DRAFT" --config.methods=autoregressive,speculative \
   --config.gammas=1,2,4 --config.temperatures=0.0 --config.num_prompts=4 \
   --config.output_dir="$RUNS/bench_b1" --config.repeats=3 $COMMON
-stage default_b4 120 "$PY" -m experiments.run --config=configs/default.py \
-  --config.target="$DEFAULT_DIR/target" --config.draft="$DEFAULT_DIR/draft" \
+# The embedded pair's earlier default experiment (configs/default.py now runs SmolLM2).
+PAIR="--config.methods=autoregressive,speculative --config.prompts=python-small --config.max_new_tokens=96"
+stage default_b4 120 "$PY" -m experiments.run --config=configs/leviathan.py $PAIR \
+  --config.target="$DEFAULT_DIR/target" --config.draft="$DEFAULT_DIR/draft" --config.gammas=1,2,4 \
   --config.output_dir="$RUNS/default_b4" --config.repeats=5 $COMMON
-stage default_b1 120 "$PY" -m experiments.run --config=configs/default.py --config.batch_size=1 \
+stage default_b1 120 "$PY" -m experiments.run --config=configs/leviathan.py $PAIR \
+  --config.batch_size=1 \
   --config.target="$DEFAULT_DIR/target" --config.draft="$DEFAULT_DIR/draft" --config.gammas=1,2,4 \
   --config.temperatures=0.0 --config.num_prompts=4 --config.output_dir="$RUNS/default_b1" \
   --config.repeats=3 $COMMON
