@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 import sysconfig
+import textwrap
 import zlib
 from typing import Sequence
 
@@ -136,3 +138,160 @@ def encode_stream(tokenizer, texts: Sequence[str]) -> np.ndarray:
     parts.append(np.asarray(enc.ids, np.int32))
     parts.append(np.asarray([eos], np.int32))
   return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
+
+
+# ------------------------------------------------------------------------------- chat slice
+
+# Questions that open the conversations of ``chat_corpus`` (cycled through the sections).
+CHAT_QUESTIONS = ("Explain {} in Python.", "What is {}?", "Tell me about {}.",
+                  "How does {} work in Python?", "Can you describe {}?",
+                  "I'm learning Python. What should I know about {}?")
+_HEADING = re.compile(r"^([*=\-^~])\1{2,}$")
+
+
+def python_docs() -> list[tuple[str, str]]:
+  """(title, markdown text) sections of the Python language reference that ships with the
+  standard library (``pydoc_data.topics``, what ``help("class")`` prints), split at its underlined
+  headings; hard-wrapped paragraphs are joined and indented blocks become fenced code, as a chat
+  model writes them."""
+  from pydoc_data import topics
+
+  sections = []
+  for key in sorted(topics.topics):
+    lines = topics.topics[key].splitlines()
+    title, body = key.replace("-", " "), []
+    for i, line in enumerate(lines):
+      if _HEADING.match(line.strip()) and i and len(line.strip()) >= len(lines[i - 1].strip()):
+        continue  # the underline of the heading handled below
+      if i + 1 < len(lines) and line.strip() and _HEADING.match(lines[i + 1].strip()) and \
+          len(lines[i + 1].strip()) >= len(line.strip()):
+        if body and any(b.strip() for b in body):
+          sections.append((title, _markdown(body)))
+        title, body = line.strip(), []
+        continue
+      body.append(line)
+    if any(b.strip() for b in body):
+      sections.append((title, _markdown(body)))
+  return sections
+
+
+def _markdown(lines: Sequence[str]) -> str:
+  """Hard-wrapped reference text -> paragraphs on one line each, indented blocks fenced."""
+  out, para, code = [], [], []
+
+  def flush():
+    if para:
+      out.append(" ".join(para))
+      para.clear()
+    if code:
+      out.append("```\n" + textwrap.dedent("\n".join(code)).strip("\n") + "\n```")
+      code.clear()
+
+  for line in lines:
+    if not line.strip():
+      if code:
+        code.append("")
+      else:
+        flush()
+    elif line.startswith("   "):
+      if para:
+        flush()
+      code.append(line)
+    else:
+      if code:
+        flush()
+      para.append(line.strip())
+  flush()
+  return "\n\n".join(out)
+
+
+def chat_corpus(tokenizer, max_train_bytes: int = 400_000, max_val_bytes: int = 20_000,
+                val_percent: float = 5.0, max_chars: int = 3000) -> Corpus:
+  """The Python reference (``python_docs``) as one-turn conversations in ``tokenizer``'s chat
+  template: a question about each section's title, the section (cut at ``max_chars``) as the
+  answer. English prose and the chat template's tokens, for a draft that must follow a chat
+  model on chat prompts; split by a checksum of the title like the files of ``load_corpus``.
+  The texts hold the template's special tokens: encode them with ``encode_stream``."""
+  corpus = Corpus([], [], [], [])
+  caps = {"train": max_train_bytes, "val": max_val_bytes}
+  sizes = {"train": 0, "val": 0}
+  for n, (title, text) in enumerate(python_docs()):
+    if len(text) > max_chars:
+      text = text[:text.rfind("\n\n", 0, max_chars)] if "\n\n" in text[:max_chars] else \
+          text[:max_chars]
+    question = CHAT_QUESTIONS[n % len(CHAT_QUESTIONS)].format(title)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}, {"role": "assistant", "content": text}],
+        tokenize=False)
+    split = "val" if is_val_file(f"{n}:{title}", val_percent) else "train"
+    size = len(chat.encode())
+    if sizes[split] + size > caps[split]:
+      continue
+    sizes[split] += size
+    getattr(corpus, split).append(chat)
+    getattr(corpus, f"{split}_files").append(title)
+  return corpus
+
+
+# Instructions of ``chat_prompts``: coding tasks from the stdlib's own docstrings, questions about
+# the Python reference, and everyday prose requests over a small built-in list of subjects.
+_CODE_TASKS = ("Write a Python function to {}.", "How can I {} in Python?",
+               "Show me Python code to {}.")
+_PROSE_TASKS = ("Write a short paragraph about {}.", "Give me three facts about {}.",
+                "Explain {} to a child.", "Write a short poem about {}.",
+                "What are the advantages and disadvantages of {}?",
+                "Describe {} in a few sentences.", "Give me some tips about {}.",
+                "Why is {} important?")
+_SUBJECTS = ("the moon", "coffee", "friendship", "rain forests", "the ocean tides", "volcanoes",
+             "learning a new language", "bicycles", "the human heart", "honey bees",
+             "electric cars", "the printing press", "chess", "mountains", "photosynthesis",
+             "the internet", "healthy breakfasts", "public libraries", "winter", "trains",
+             "recycling", "the Roman Empire", "music lessons", "deserts", "sleep",
+             "computer viruses", "gardening", "the stock market", "earthquakes", "teamwork",
+             "the solar wind", "bread baking", "time management", "whales", "mathematics",
+             "city parks", "renewable energy", "the Olympic Games", "birds migrating",
+             "writing a resume")
+_VERB = re.compile(r"^(Return|Compute|Convert|Create|Check|Find|Get|Parse|Read|Write|Split|Join|"
+                   r"Remove|Add|Encode|Decode|Format|Make|Build|Count|Test|Determine|Generate)s?\b")
+
+
+def code_tasks(texts: Sequence[str]) -> list[str]:
+  """Task phrases ("return the path of a file") from the first docstring lines of the public
+  functions in ``texts`` (Python sources) that start with a common verb."""
+  import ast
+
+  tasks = []
+  for text in texts:
+    try:
+      tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+      continue
+    for node in ast.walk(tree):
+      if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+        doc = ast.get_docstring(node)
+        line = doc.strip().splitlines()[0].strip().rstrip(".") if doc and doc.strip() else ""
+        match = _VERB.match(line)
+        if match and 15 < len(line) < 90 and not line.endswith((",", " the", " or", " and")):
+          tasks.append(match.group(1).lower() + line[match.end():])
+  return sorted(set(tasks))
+
+
+def chat_prompts(code_texts: Sequence[str], n: int, seed: int = 0) -> list[str]:
+  """``n`` user instructions for a chat model, a third each: coding tasks (``code_tasks`` of
+  ``code_texts``), questions about the Python reference's sections and everyday prose requests
+  (deterministic for a given seed and stdlib)."""
+  rng = np.random.default_rng(seed)
+  tasks = code_tasks(code_texts)
+  titles = [title for title, _ in python_docs()]
+  prompts = []
+  for i in range(n):
+    kind = i % 3
+    if kind == 0 and tasks:
+      prompts.append(_CODE_TASKS[i % len(_CODE_TASKS)].format(tasks[rng.integers(len(tasks))]))
+    elif kind == 1:
+      prompts.append(CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)].format(
+          titles[rng.integers(len(titles))]))
+    else:
+      prompts.append(_PROSE_TASKS[rng.integers(len(_PROSE_TASKS))].format(
+          _SUBJECTS[rng.integers(len(_SUBJECTS))]))
+  return prompts

@@ -38,7 +38,7 @@ def default_pair_dir() -> pathlib.Path:
   return cache_root() / VERSION
 
 
-def is_complete(path: str | os.PathLike) -> bool:
+def is_complete(path: str | os.PathLike, models: tuple[str, ...] = ("target", "draft")) -> bool:
   """True when ``path`` holds a finished build: the marker and every model file are present."""
   path = pathlib.Path(path)
   if not (path / MARKER).is_file():
@@ -47,15 +47,20 @@ def is_complete(path: str | os.PathLike) -> bool:
     json.loads((path / MARKER).read_text())
   except (OSError, ValueError):
     return False
-  return all((path / m / f).is_file() for m in ("target", "draft") for f in REQUIRED_FILES)
+  return all((path / m / f).is_file() for m in models for f in REQUIRED_FILES)
+
+
+def load_config(file: str | os.PathLike):
+  """The ``ml_collections`` config of a config file (its ``get_config()``)."""
+  spec = importlib.util.spec_from_file_location(f"specjax_config_{pathlib.Path(file).stem}", file)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
 
 
 def default_train_config():
   """The ``ml_collections`` config of ``configs/train_default.py``."""
-  spec = importlib.util.spec_from_file_location("specjax_train_default_config", _CONFIG_FILE)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return load_config(_CONFIG_FILE)
 
 
 @contextlib.contextmanager
@@ -70,10 +75,12 @@ def _exclusive_lock(path: pathlib.Path):
       fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def build_pair(dest: str | os.PathLike, config=None, verbose: bool = True) -> dict:
+def build_pair(dest: str | os.PathLike, config=None, verbose: bool = True,
+               version: str = VERSION) -> dict:
   """Trains the pair described by ``config`` (default: ``configs/train_default.py``) into
   ``dest`` (replaced), returns the training report. ``dest/draft`` is ``config.default_draft``;
-  another trained draft is kept as ``dest/draft_data`` or ``dest/draft_distill``."""
+  another trained draft is kept as ``dest/draft_data`` or ``dest/draft_distill``. A config with
+  a ``teacher`` builds the draft alone (``dest/draft``). ``version`` goes into the marker."""
   from experiments import train
 
   config = default_train_config() if config is None else config
@@ -96,7 +103,7 @@ def build_pair(dest: str | os.PathLike, config=None, verbose: bool = True) -> di
     report["default_draft"] = chosen
     report["build_seconds"] = time.time() - t0
     (partial / train.REPORT_FILE).write_text(json.dumps(report, indent=1))
-    marker = {"version": VERSION, "default_draft": chosen, "created": time.time(),
+    marker = {"version": version, "default_draft": chosen, "created": time.time(),
               "build_seconds": report["build_seconds"], "python": sys.version.split()[0],
               "config": config.to_dict()}
     (partial / MARKER).write_text(json.dumps(marker, indent=1, default=str))  # written last
@@ -107,30 +114,44 @@ def build_pair(dest: str | os.PathLike, config=None, verbose: bool = True) -> di
   return report
 
 
+def ensure_built(dest: pathlib.Path, models: tuple[str, ...], build, verbose: bool = True,
+                 what: str = "the default target/draft pair",
+                 duration: str = "about 8-9 minutes on 2 CPU cores") -> bool:
+  """Runs ``build(dest)`` unless ``dest`` is complete (``is_complete(dest, models)``), under an
+  exclusive lock beside ``dest`` so that concurrent callers build once; an incomplete ``dest``
+  (an interrupted build) is removed first. Returns True if this call built it."""
+  if is_complete(dest, models):
+    return False
+  with _exclusive_lock(dest.with_name(dest.name + ".lock")):
+    if is_complete(dest, models):  # another process may have finished it while we waited
+      return False
+    if dest.exists():
+      if verbose:
+        print(f"[specjax] {dest} is incomplete (an interrupted build?); rebuilding it",
+              file=sys.stderr, flush=True)
+      shutil.rmtree(dest)
+    if verbose:
+      print(f"[specjax] training {what} into {dest} (first use only; {duration}; set "
+            "$SPECJAX_CACHE to move it)", file=sys.stderr, flush=True)
+    build(dest)
+  return True
+
+
 def ensure_default_pair(verbose: bool = True) -> tuple[pathlib.Path, pathlib.Path]:
   """``(target_dir, draft_dir)`` of the default pair, training it first if it is not cached."""
   dest = default_pair_dir()
-  if is_complete(dest):
-    return dest / "target", dest / "draft"
-  with _exclusive_lock(dest.with_name(dest.name + ".lock")):
-    if not is_complete(dest):  # another process may have finished it while we waited
-      if dest.exists():
-        if verbose:
-          print(f"[specjax] {dest} is incomplete (an interrupted build?); rebuilding it",
-                file=sys.stderr, flush=True)
-        shutil.rmtree(dest)
-      if verbose:
-        print(f"[specjax] training the default target/draft pair into {dest} (first use only; "
-              "about 8-9 minutes on 2 CPU cores; set $SPECJAX_CACHE to move it)",
-              file=sys.stderr, flush=True)
-      t0 = time.time()
-      report = build_pair(dest, verbose=verbose)
-      if verbose:
-        agreement = report.get("agreement", {}).get(report["default_draft"], {})
-        print(f"[specjax] default pair ready in {time.time() - t0:.0f}s: target val loss "
-              f"{report['phases']['target']['val_loss']:.3f}, draft val loss "
-              f"{report['phases'][report['default_draft']]['val_loss']:.3f}, greedy agreement "
-              f"{agreement.get('greedy_agreement', float('nan')):.3f}", file=sys.stderr, flush=True)
+
+  def build(dest):
+    t0 = time.time()
+    report = build_pair(dest, verbose=verbose)
+    if verbose:
+      agreement = report.get("agreement", {}).get(report["default_draft"], {})
+      print(f"[specjax] default pair ready in {time.time() - t0:.0f}s: target val loss "
+            f"{report['phases']['target']['val_loss']:.3f}, draft val loss "
+            f"{report['phases'][report['default_draft']]['val_loss']:.3f}, greedy agreement "
+            f"{agreement.get('greedy_agreement', float('nan')):.3f}", file=sys.stderr, flush=True)
+
+  ensure_built(dest, ("target", "draft"), build, verbose)
   return dest / "target", dest / "draft"
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import math
 import os
 import platform
@@ -110,6 +111,24 @@ def tree_method(spec: str, draft):
           sj.TreeSpeculative(draft, tree), tree.num_nodes)
 
 
+def retrieval_method(config, num_tokens: int):
+  """``sj.Retrieval`` over ``config.datastore`` (loaded once per directory; ``resolve_datastore``
+  has set it) with the config's tree sizes."""
+  import specjax as sj
+  return sj.Retrieval(_load_datastore(config.datastore), num_tokens=num_tokens,
+                      nodes=int(config.retrieval_nodes), branches=int(config.retrieval_branches),
+                      max_suffix=int(config.max_suffix))
+
+
+@functools.lru_cache(maxsize=2)
+def _load_datastore(path: str):
+  import specjax as sj
+  t0 = time.perf_counter()
+  store = sj.Datastore.load(path)
+  _log(f"[run] loaded {store} ({time.perf_counter() - t0:.1f}s)")
+  return store
+
+
 # ---------------------------------------------------------------------------------------- models
 
 
@@ -127,10 +146,15 @@ class _Models:
       t0 = time.perf_counter()
       if spec.random_name is not None:
         self.sj[role] = random_models.build(spec.random_name, seed=seed)
+      elif role == "draft" and config.draft_vocab == "auto":
+        from specjax.models.reduced_vocab import load_reduced
+        self.sj[role] = load_reduced(spec.path, dtype=config.dtype)
       else:
         self.sj[role] = sj.load_model(spec.path, dtype=config.dtype)
+      kept = getattr(self.sj[role], "kept_ids", None)
       _log(f"[run] loaded {role} {spec.spec}: {self.sj[role].config.num_params() / 1e6:.2f}M "
-           f"parameters ({time.perf_counter() - t0:.1f}s)")
+           f"parameters" + (f", a {kept.shape[0]}-token head" if kept is not None else "")
+           + f" ({time.perf_counter() - t0:.1f}s)")
     if config.tokenizer == "bytes" or (config.tokenizer == "" and specs["target"].path is None):
       self.tokenizer = random_models.ByteTokenizer()
     else:
@@ -408,6 +432,8 @@ class _Runner:
       elif s["method"] == "lookahead":
         w, n, g = runconfig.parse_lookahead_spec(s["tree"])
         self.methods[key] = ("target", sj.Lookahead(window=w, ngram=n, guesses=g))
+      elif s["method"] == "retrieval":
+        self.methods[key] = ("target", retrieval_method(self.config, int(s["gamma"])))
       elif s["method"] == "tree":
         self.methods[key] = ("target", tree_method(s["tree"], self.models.sj["draft"])[1])
     return self.methods[key]
@@ -635,6 +661,13 @@ def run_experiment(config, command: str | None = None) -> dict:
           widths=(1,) + tuple(g + 1 for g in gammas), gammas=gammas)
       _log(f"[run]   self-speculative draft (skip {list(config.skip)}): c = "
            f"{cost['self_speculative']['cost_ratio']:.3f}")
+    if "retrieval" in config.methods:  # no draft: what its pass over [pending, nodes] costs
+      nodes = int(config.retrieval_nodes)
+      cost["retrieval"] = measure_step_costs({"target": models.sj["target"]}, bsz, context,
+                                             cache_len + nodes, widths=(1, nodes + 1))
+      passes = cost["retrieval"]
+      v = passes["target_verify_ms"][str(nodes)] / passes["target_step_ms"]
+      _log(f"[run]   retrieval: a pass over 1 + {nodes} tokens costs {v:.2f} target steps")
 
     runner = _Runner(config, models, prompt_width=max(prompt_lengths))
     records = [dict(s, warmup_s=0.0, times=[], tokens=[], stats=_StatsSum(), outputs=None)
@@ -756,11 +789,14 @@ def run_experiment(config, command: str | None = None) -> dict:
           e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]
       if a is not None:
         e["expected_tokens_per_call"] = metrics.expected_tokens_per_iteration(a, e["gamma"])
-    if e["method"] == "tree":
-      nodes = runconfig.tree_nodes(e["tree"])
-      verify_ms = (cost.get("target_verify_ms") or {}).get(str(nodes))
+    if e["method"] in ("tree", "retrieval"):
+      if e["method"] == "tree":
+        nodes, pass_cost = runconfig.tree_nodes(e["tree"]), cost
+      else:
+        nodes, pass_cost = int(config.retrieval_nodes), cost["retrieval"]
+      verify_ms = (pass_cost.get("target_verify_ms") or {}).get(str(nodes))
       if verify_ms is not None:  # the pass over [pending, N nodes] in target steps
-        e["verify_cost"] = verify_ms / cost["target_step_ms"]
+        e["verify_cost"] = verify_ms / pass_cost["target_step_ms"]
     # Every exact method must reproduce the target's greedy tokens.
     ar = find("autoregressive", e["temperature"])
     if (e["temperature"] == 0.0 and ar is not None and not is_hf

@@ -23,9 +23,11 @@ from experiments import prompts as prompts_lib
 
 # Decoding methods a config may list.
 SPECJAX_METHODS = ("autoregressive", "speculative", "draft_autoregressive", "self_speculative",
-                   "tree", "prompt_lookup", "jacobi", "lookahead")
-# Swept over gammas (guesses per iteration: prompt lookup's num_tokens, Jacobi's block).
-GAMMA_METHODS = ("speculative", "self_speculative", "hf_assisted", "prompt_lookup", "jacobi")
+                   "tree", "prompt_lookup", "jacobi", "lookahead", "retrieval")
+# Swept over gammas (guesses per iteration: prompt lookup's num_tokens, Jacobi's block;
+# retrieval's num_tokens, the depth of its tree).
+GAMMA_METHODS = ("speculative", "self_speculative", "hf_assisted", "prompt_lookup", "jacobi",
+                 "retrieval")
 TREE_METHODS = ("tree",)  # swept over trees (tree specs: parse_tree_spec)
 DRAFT_METHODS = ("speculative", "draft_autoregressive", "hf_assisted", "tree")  # need config.draft
 TREE_KINDS = {"full": 2, "chains": 2, "comb": 2, "dynamic": 3, "spectr": 2, "naive": 2}
@@ -35,6 +37,9 @@ COST_RATIO_SOURCES = ("step", "ar")
 
 RANDOM_PREFIX = "random:"
 DEFAULT = "default"
+# A draft for SmolLM2-135M distilled on this machine on first use (experiments/smollm2_draft.py).
+SMOLLM2_DRAFT = "smollm2-draft"
+DRAFT_VOCABS = ("auto", "full")
 
 
 class ConfigError(ValueError):
@@ -48,7 +53,11 @@ def base_config() -> ml_collections.ConfigDict:
   # Models: "default" (the embedded pair, trained on first use), a local HF checkpoint directory,
   # or "random:<name>" (tiny random models built in-process; see experiments/random_models.py).
   c.target = DEFAULT
-  c.draft = DEFAULT
+  c.draft = DEFAULT  # also "smollm2-draft": SmolLM2's distilled draft (trained on first use)
+  # "auto": a draft checkpoint with a reduced-vocabulary head (reduced_vocab.VOCAB_FILE) decodes
+  # through that head (q = 0 outside its ids: lossless, cheaper); "full": its whole head.
+  # transformers (hf_assisted) always runs the full head.
+  c.draft_vocab = "auto"
   c.dtype = "float32"
   c.tokenizer = ""  # "" -> the target's directory (or bytes for random models); "bytes"; a dir
   # Prompts: a built-in set (experiments/prompts.py) or a file (.txt one per line, .jsonl, .json).
@@ -71,6 +80,14 @@ def base_config() -> ml_collections.ConfigDict:
   # Lookahead decoding (method "lookahead"), one setting per WxNxG spec: window columns x n-gram
   # size x guesses verified per pass (parse_lookahead_spec), e.g. ("5x3x5", "7x4x7").
   c.lookahead = ()
+  # Retrieval (method "retrieval", REST: sj.Retrieval), swept over gammas (num_tokens). datastore:
+  # a directory written by experiments/build_datastore.py; "" = the Python stdlib's sources
+  # (datastore_bytes of them) tokenized with the target's tokenizer, built on first use.
+  c.datastore = ""
+  c.datastore_bytes = 4_000_000
+  c.retrieval_nodes = 16  # tokens verified per pass (>= every gamma)
+  c.retrieval_branches = 4  # children per node at most
+  c.max_suffix = 12  # the longest suffix of the text looked up
   # Sampling: every method runs at every temperature (0 = greedy); top_k / top_p apply to all.
   c.temperatures = (0.0, 1.0)
   c.top_k = 0
@@ -247,6 +264,12 @@ def validate(config) -> None:
     if len(set(specs)) != len(specs):
       raise ConfigError(f"{field} lists a spec twice: {list(specs)}")
   _check_int(config, "max_ngram", 1)
+  if "retrieval" in methods:
+    for name in ("retrieval_branches", "max_suffix", "datastore_bytes"):
+      _check_int(config, name, 1)
+    _check_int(config, "retrieval_nodes", max(config.gammas))
+    if config.datastore:
+      datastore_vocab(config.datastore)
   skip = tuple(config.skip)
   for i in skip:
     if not _is_int(i) or i < 0:
@@ -270,6 +293,11 @@ def validate(config) -> None:
                         ("max_prompt_tokens", 1), ("num_prompts", 0), ("sample_prompt", 0),
                         ("seed", 0)):
     _check_int(config, name, minimum)
+  if config.draft_vocab not in DRAFT_VOCABS:
+    raise ConfigError(f"draft_vocab must be one of {', '.join(DRAFT_VOCABS)}, got "
+                      f"{config.draft_vocab!r}")
+  if config.target == SMOLLM2_DRAFT:
+    raise ConfigError(f"{SMOLLM2_DRAFT!r} is a draft; use it as draft (target smollm2-135m)")
   if config.dtype not in ("float32", "bfloat16"):
     raise ConfigError(f"dtype must be float32 or bfloat16, got {config.dtype!r}")
   if config.cost_ratio_source not in COST_RATIO_SOURCES:
@@ -309,6 +337,41 @@ def validate(config) -> None:
       if name not in random_models.RANDOM_MODELS:
         raise ConfigError(f"{role}: unknown random model {name!r}; known: "
                           f"{', '.join(random_models.RANDOM_MODELS)}")
+
+
+def datastore_vocab(path: str) -> int:
+  """The vocabulary size in a datastore directory's ``datastore.json`` (only that file is read;
+  ``specjax.retrieval.Datastore.load`` checks the rest)."""
+  file = os.path.join(os.path.expanduser(path), "datastore.json")
+  try:
+    with open(file) as f:
+      vocab = json.load(f).get("vocab_size")
+  except (OSError, ValueError, AttributeError) as e:
+    raise ConfigError(f"datastore {path} is not a datastore directory ({file}: {e}); build one "
+                      f"with python -m experiments.build_datastore --out={path}") from None
+  if not _is_int(vocab):
+    raise ConfigError(f"datastore {file} has no integer vocab_size")
+  return vocab
+
+
+def resolve_datastore(config, target: ModelSpec, verbose: bool = True) -> None:
+  """Sets ``config.datastore`` for method "retrieval": the stdlib datastore of the target's
+  tokenizer (``experiments.build_datastore.ensure_datastore``, built on first use) when empty;
+  its vocabulary must be the target's."""
+  if not config.datastore:
+    if target.path is None or config.tokenizer == "bytes":
+      raise ConfigError(f"method 'retrieval' with the byte tokenizer (target {target.spec}) needs "
+                        f"datastore=<dir> (python -m experiments.build_datastore)")
+    from experiments import build_datastore
+    named = target.spec != DEFAULT and _is_named(target.spec)  # e.g. smollm2-135m
+    tokenizer = config.tokenizer or (target.spec if named else target.path)
+    config.datastore = os.fspath(build_datastore.ensure_datastore(
+        tokenizer, int(config.datastore_bytes), verbose=verbose))
+  vocab = datastore_vocab(config.datastore)
+  if vocab != target.vocab_size:
+    raise ConfigError(f"datastore {config.datastore} has vocab_size {vocab} but the target "
+                      f"{target.spec} has {target.vocab_size}; build it with the target's "
+                      f"tokenizer")
 
 
 def needs_draft(config) -> bool:
@@ -382,7 +445,7 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
   default_dirs = None
   # Explicit directories and random models first: a typo there fails before the default pair is
   # (possibly) trained.
-  for role in sorted(roles, key=lambda r: config[r] == DEFAULT):
+  for role in sorted(roles, key=lambda r: config[r] in (DEFAULT, SMOLLM2_DRAFT)):
     spec = config[role]
     if spec.startswith(RANDOM_PREFIX):
       from experiments import random_models
@@ -397,6 +460,9 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
         from experiments import default_pair
         default_dirs = default_pair.ensure_default_pair(verbose=verbose)
       path = os.fspath(default_dirs[0 if role == "target" else 1])
+    elif spec == SMOLLM2_DRAFT:
+      from experiments import smollm2_draft
+      path = os.fspath(smollm2_draft.ensure_smollm2_draft(verbose=verbose))
     else:
       path = os.path.expanduser(spec)
     if path.lower().endswith(".gguf") or _is_named(path):
@@ -410,6 +476,8 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
     raise ConfigError(f"vocabulary mismatch: target {specs['target'].spec} has vocab_size "
                       f"{specs['target'].vocab_size}, draft {specs['draft'].spec} has "
                       f"{specs['draft'].vocab_size}; target and draft must share one tokenizer")
+  if "retrieval" in config.methods:
+    resolve_datastore(config, specs["target"], verbose)
   hf = specs["target"].hf_config
   layers = hf.get("num_hidden_layers", hf.get("n_layer"))
   if "self_speculative" in config.methods and layers is not None:
@@ -417,7 +485,8 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
       raise ConfigError(f"skip {list(config.skip)} does not fit the target's {layers} layers "
                         f"(indices 0..{layers - 1}, at least one kept)")
   room = max([*tuple(config.gammas), *(tree_nodes(t) for t in config.trees),
-              *(lookahead_tokens(spec) for spec in config.lookahead), 0])
+              *(lookahead_tokens(spec) for spec in config.lookahead),
+              *((config.retrieval_nodes,) if "retrieval" in config.methods else ()), 0])
   need = config.max_prompt_tokens + config.max_new_tokens + room + 2
   for s in specs.values():
     if need > s.max_positions:

@@ -7,12 +7,13 @@ from specjax.decoding.stats import DecodeStats
 from specjax.models.config import ModelConfig
 from specjax.models.hf import load_model, load_tokenizer, save_model
 from specjax.models.transformer import Transformer, forward, init_model
+from specjax.retrieval import Datastore, Retrieval
 from specjax.sampling import Sampling
 from specjax.trees import DynamicTree, Tree
 
 __all__ = [
-    "Autoregressive", "DecodeStats", "DynamicTree", "GenerateOutput", "Jacobi", "Lookahead",
-    "ModelConfig", "PromptLookup", "Sampling", "SelfSpeculative", "SpecTr", "Speculative",
-    "Transformer", "Tree", "TreeSpeculative", "forward", "generate", "init_model", "load_model",
-    "load_tokenizer", "save_model",
+    "Autoregressive", "Datastore", "DecodeStats", "DynamicTree", "GenerateOutput", "Jacobi",
+    "Lookahead", "ModelConfig", "PromptLookup", "Retrieval", "Sampling", "SelfSpeculative",
+    "SpecTr", "Speculative", "Transformer", "Tree", "TreeSpeculative", "forward", "generate",
+    "init_model", "load_model", "load_tokenizer", "save_model",
 ]

@@ -17,7 +17,8 @@ from absl.testing import absltest, parameterized
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = ("tiny", "default", "leviathan", "chen", "compare_hf", "bench", "self_speculative",
-           "tree", "eagle2_tree", "spectr", "prompt_lookup", "jacobi", "lookahead")
+           "tree", "eagle2_tree", "spectr", "prompt_lookup", "jacobi", "lookahead", "retrieval",
+           "smollm2")
 FAIL_FAST_SECONDS = 30  # generous for a loaded machine; a bad config takes ~0.3s when idle
 
 
@@ -224,6 +225,8 @@ class ConfigErrorTest(parameterized.TestCase):
       ("skip_out_of_range", ["--config.methods=autoregressive,self_speculative",
                              "--config.skip=4"],
        "skip [4] does not fit the target's 4 layers"),
+      ("bad_draft_vocab", ["--config.draft_vocab=half"], "draft_vocab must be one of auto, full"),
+      ("draft_as_target", ["--config.target=smollm2-draft"], "'smollm2-draft' is a draft"),
   )
   def test_error(self, args, message):
     args = self._args(args)
@@ -284,6 +287,8 @@ class ConfigFilesTest(parameterized.TestCase):
   def test_default_config_shape(self):
     config = _load_config_module("default").get_config()
     self.assertEqual(config.target, "smollm2-135m")  # the real model of the README's first command
+    self.assertEqual(config.draft, "smollm2-draft")  # its distilled draft, trained on first use
+    self.assertIn("speculative", config.methods)
     self.assertTrue(config.chat_template)
     self.assertIn(0.0, tuple(config.temperatures))
     self.assertIn(1.0, tuple(config.temperatures))

@@ -294,10 +294,13 @@ class Transformer(nnx.Module):
       new_v.append(v)
     if logits_at is not None:
       x = x[:, np.asarray(logits_at, np.int32).reshape(-1)]
-    x = self.final_norm(x)
+    return self.project(self.final_norm(x)), cache.replace(k=tuple(new_k), v=tuple(new_v))
+
+  def project(self, x: jax.Array) -> jax.Array:
+    """float32[..., V] logits of final-norm features ``x``: the vocabulary projection (tied to the
+    embedding or not); ``specjax.models.reduced_vocab`` overrides it."""
     head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
-    logits = jnp.dot(x, head, preferred_element_type=jnp.float32)
-    return logits, cache.replace(k=tuple(new_k), v=tuple(new_v))
+    return jnp.dot(x, head, preferred_element_type=jnp.float32)
 
 
 def check_model(model, role: str = "model") -> None:

@@ -68,6 +68,23 @@ def _ancestor_mask(parents: jax.Array, depth: int) -> jax.Array:
   return mask
 
 
+def row_trees(parents: jax.Array, ranks: jax.Array, depths: jax.Array, width: int,
+              max_depth: int) -> RowTrees:
+  """``RowTrees`` of per-row trees given as int32[B, N] parents (-1: the root), ranks among
+  siblings (>= ``width``: the node is in no children list, a dead slot) and depths (>= 1):
+  the children table, the verification mask over [pending, nodes] and the depths."""
+  batch, n = parents.shape
+  children = jnp.full((batch, n + 1, width), -1, jnp.int32).at[
+      jnp.arange(batch)[:, None], parents + 1, ranks].set(
+          jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n)), mode="drop")
+  mask = jnp.ones((batch, n + 1, n + 1), bool).at[:, 1:, 1:].set(
+      _ancestor_mask(parents, max_depth))
+  mask = mask.at[:, 0, 1:].set(False)
+  verification_depths = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), depths], axis=1)
+  return RowTrees(children=children, verification_mask=mask,
+                  verification_depths=verification_depths, max_depth=max_depth)
+
+
 @dataclasses.dataclass(frozen=True)
 class DraftDynamicTree:
   """The proposer of ``sj.TreeSpeculative(draft, sj.DynamicTree(...))``."""
@@ -151,18 +168,10 @@ class DraftDynamicTree:
                         jnp.take_along_axis(position, jnp.maximum(parent_pool, 0), axis=1), -1)
     node_tokens = jnp.take_along_axis(pool_tokens, chosen, axis=1)
     node_depths = jnp.asarray(pool_level)[chosen]
-    children = jnp.full((batch, n + 1, w), -1, jnp.int32).at[
-        rows, parents + 1, jnp.asarray(pool_rank)[chosen]].set(
-            jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (batch, n)))
-    mask = jnp.ones((batch, n + 1, n + 1), bool).at[:, 1:, 1:].set(
-        _ancestor_mask(parents, spec.max_depth))
-    mask = mask.at[:, 0, 1:].set(False)
-    depths = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), node_depths], axis=1)
+    trees = row_trees(parents, jnp.asarray(pool_rank)[chosen], node_depths, w, spec.max_depth)
     # Every node's entry into the draft's scratch slots, for compact_path after verification.
-    _, cache = draft(jnp.concatenate([pending[:, None], node_tokens], axis=1), state.cache, mask,
-                     depths, logits_at=0)
-    trees = RowTrees(children=children, verification_mask=mask, verification_depths=depths,
-                     max_depth=spec.max_depth)
+    _, cache = draft(jnp.concatenate([pending[:, None], node_tokens], axis=1), state.cache,
+                     trees.verification_mask, trees.verification_depths, logits_at=0)
     candidates = Candidates(tokens=node_tokens, q=None, kind=TREE, rule="one_hot",
                             row_trees=trees)
     return candidates, state.replace(cache=cache)

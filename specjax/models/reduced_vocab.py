@@ -1,0 +1,109 @@
+"""Drafts whose head covers a subset of the vocabulary (ALGORITHMS.md §13).
+
+A small draft's vocabulary projection dominates its cost at V ~ 50k (SmolLM2: 576 x 49152 = 28M
+multiply-adds per token against 3.5M per layer). ``reduce_vocab(model, ids)`` is a view of
+``model`` whose head keeps only the K rows ``ids``: one [E, K] matmul, then the K logits are
+scattered into a V-wide row of ``-inf``, so the decoding loop and every verifier still see a
+V-sized distribution, with q = 0 outside ``ids`` (exact: rules 1-4 hold for any q; a token never
+proposed is still emitted through the residual ``norm((p - q)+)``). Everything but the head is
+``model``'s own arrays (a view, as ``skip_layers`` is), plus one gathered [E, K] copy of the kept
+head rows.
+
+On disk the draft is a plain checkpoint with its full head (what ``transformers`` loads for
+assisted generation) and ``VOCAB_FILE`` beside it listing the kept ids; ``load_reduced`` reads
+both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.models.config import ModelConfig
+from specjax.models.transformer import Transformer
+
+VOCAB_FILE = "draft_vocab.json"  # {"ids": [...]}: the kept vocabulary ids, ascending
+
+
+class ReducedVocabTransformer(Transformer):
+  """A ``Transformer`` whose logits are ``-inf`` outside the ``num_kept`` ids ``kept_ids``."""
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs, num_kept: int):
+    super().__init__(config, rngs)
+    self.kept_ids = nnx.Variable(jnp.zeros((num_kept,), jnp.int32))
+    self.kept_head = nnx.Param(jnp.zeros((config.hidden_size, num_kept), jnp.dtype(config.dtype)))
+
+  def project(self, x: jax.Array) -> jax.Array:
+    kept = jnp.dot(x, self.kept_head[...], preferred_element_type=jnp.float32)  # [..., K]
+    full = jnp.full(x.shape[:-1] + (self.config.vocab_size,), -jnp.inf, jnp.float32)
+    return full.at[..., self.kept_ids[...]].set(kept, unique_indices=True,
+                                                indices_are_sorted=True)
+
+  def project_kept(self, x: jax.Array) -> jax.Array:
+    """float32[..., K] logits of the kept ids only."""
+    return jnp.dot(x, self.kept_head[...], preferred_element_type=jnp.float32)
+
+
+def check_vocab_ids(ids, vocab_size: int) -> np.ndarray:
+  """``ids`` as sorted int32[K]; raises unless they are distinct ids in ``[0, vocab_size)``."""
+  arr = np.asarray(ids)
+  if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+    raise ValueError(f"vocabulary ids must be a non-empty list of integers, got shape {arr.shape}")
+  arr = np.sort(arr.astype(np.int64))
+  if arr[0] < 0 or arr[-1] >= vocab_size:
+    raise ValueError(f"vocabulary id {int(arr[0] if arr[0] < 0 else arr[-1])} is outside "
+                     f"[0, {vocab_size})")
+  if np.any(arr[1:] == arr[:-1]):
+    raise ValueError(f"vocabulary id {int(arr[1:][arr[1:] == arr[:-1]][0])} is listed twice")
+  return arr.astype(np.int32)
+
+
+def reduce_vocab(model: Transformer, ids) -> ReducedVocabTransformer:
+  """A view of ``model`` predicting only the vocabulary ids ``ids`` (q = 0 elsewhere).
+
+  Its logits equal ``model``'s on ``ids`` and are ``-inf`` elsewhere; ``config.vocab_size``
+  stays V, so it drafts for any target of ``model``'s vocabulary.
+  """
+  if isinstance(model, ReducedVocabTransformer):
+    raise ValueError("the model already has a reduced vocabulary")
+  ids = check_vocab_ids(ids, model.config.vocab_size)
+  view = nnx.eval_shape(lambda: ReducedVocabTransformer(model.config, nnx.Rngs(0), len(ids)))
+  nnx.update(view, nnx.state(model))
+  head = model.embed[...] if model.lm_head is None else model.lm_head[...].T  # [V, E]
+  view.kept_ids.set_value(jnp.asarray(ids))
+  view.kept_head.set_value(jnp.take(head, jnp.asarray(ids), axis=0).T)
+  return view
+
+
+def save_vocab_ids(path: str | os.PathLike, ids) -> None:
+  """Writes ``VOCAB_FILE`` (the kept ids) into the checkpoint directory ``path``."""
+  ids = np.asarray(ids, np.int64)
+  with open(os.path.join(path, VOCAB_FILE), "w") as f:
+    json.dump({"ids": sorted(int(i) for i in ids)}, f)
+    f.write("\n")
+
+
+def load_vocab_ids(path: str | os.PathLike) -> np.ndarray | None:
+  """The kept ids saved in the checkpoint directory ``path``, or None if it has none."""
+  file = os.path.join(path, VOCAB_FILE)
+  if not os.path.isfile(file):
+    return None
+  with open(file) as f:
+    data = json.load(f)
+  if not isinstance(data, dict) or not isinstance(data.get("ids"), list):
+    raise ValueError(f"{file}: expected an object with an 'ids' list")
+  return np.asarray(data["ids"], np.int64)
+
+
+def load_reduced(path: str | os.PathLike, dtype=None) -> Transformer:
+  """``sj.load_model(path)``, reduced to the ids of its ``VOCAB_FILE`` when it has one."""
+  from specjax.models.hf import load_model
+
+  model = load_model(path, dtype=dtype)
+  ids = load_vocab_ids(path)
+  return model if ids is None else reduce_vocab(model, ids)
