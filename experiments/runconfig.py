@@ -39,6 +39,7 @@ RANDOM_PREFIX = "random:"
 DEFAULT = "default"
 # A draft for SmolLM2-135M distilled on this machine on first use (experiments/smollm2_draft.py).
 SMOLLM2_DRAFT = "smollm2-draft"
+SMOLLM2_VOCAB = 49152
 DRAFT_VOCABS = ("auto", "full")
 
 
@@ -461,6 +462,10 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
         default_dirs = default_pair.ensure_default_pair(verbose=verbose)
       path = os.fspath(default_dirs[0 if role == "target" else 1])
     elif spec == SMOLLM2_DRAFT:
+      target = specs.get("target")
+      if target is not None and target.vocab_size != SMOLLM2_VOCAB:  # before minutes of training
+        raise ConfigError(f"{SMOLLM2_DRAFT!r} drafts for SmolLM2 (vocab_size {SMOLLM2_VOCAB}); "
+                          f"target {target.spec} has vocab_size {target.vocab_size}")
       from experiments import smollm2_draft
       path = os.fspath(smollm2_draft.ensure_smollm2_draft(verbose=verbose))
     else:

@@ -227,6 +227,9 @@ class ConfigErrorTest(parameterized.TestCase):
        "skip [4] does not fit the target's 4 layers"),
       ("bad_draft_vocab", ["--config.draft_vocab=half"], "draft_vocab must be one of auto, full"),
       ("draft_as_target", ["--config.target=smollm2-draft"], "'smollm2-draft' is a draft"),
+      ("smollm2_draft_for_another_target", ["--config.target={v100}",
+                                            "--config.draft=smollm2-draft"],
+       "'smollm2-draft' drafts for SmolLM2 (vocab_size 49152); target"),
   )
   def test_error(self, args, message):
     args = self._args(args)
