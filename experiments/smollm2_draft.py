@@ -22,8 +22,6 @@ import pathlib
 import sys
 import time
 
-import numpy as np
-
 from experiments import default_pair
 from specjax.cache import cache_root
 
@@ -61,36 +59,15 @@ def ensure_smollm2_draft(verbose: bool = True) -> pathlib.Path:
   return dest / "draft"
 
 
-def step_seconds(model, batch_size: int = 1, context: int = 128, repeats: int = 30) -> float:
-  """Median wall seconds of one jitted decoding step (one new token per row after ``context``
-  cached ones): what a draft step or a plain target step costs inside the loop."""
-  import jax
-  import jax.numpy as jnp
-  from flax import nnx
-
-  from specjax.models.kv_cache import init_cache
-
-  graphdef, state = nnx.split(model)
-  cache = init_cache(model.config, batch_size, context + 2).with_lengths(
-      jnp.full((batch_size,), context, jnp.int32))
-  tokens = jnp.ones((batch_size, 1), jnp.int32)
-  step = jax.jit(lambda state, tokens, cache: nnx.merge(graphdef, state)(tokens, cache)[0])
-  jax.block_until_ready(step(state, tokens, cache))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(step(state, tokens, cache))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
-
-
 def evaluate(draft_dir, gammas=(1, 4), max_new_tokens: int = 64, batch_size: int = 1) -> dict:
   """Greedy acceptance of the draft (full head and, if it has one, reduced head) against SmolLM2
   through ``sj.generate`` on the built-in chat prompts (in SmolLM2's chat template) and Python
   prompts (all of a set in one batch; greedy, so the batch does not change the tokens), and
-  per-step costs (``step_seconds``, ``batch_size`` rows) of SmolLM2 and the drafts."""
+  per-step costs of SmolLM2 and the drafts (``experiments.run.measure_step_costs``: steps inside
+  a jitted loop, ``batch_size`` rows, 128 tokens of context), in milliseconds."""
   import specjax as sj
   from experiments.prompts import CHAT, PYTHON
+  from experiments.run import measure_step_costs
   from specjax.models.reduced_vocab import load_reduced, load_vocab_ids
 
   config = train_config()
@@ -103,18 +80,18 @@ def evaluate(draft_dir, gammas=(1, 4), max_new_tokens: int = 64, batch_size: int
                                         add_generation_prompt=True) for c in CHAT]
   sets = {"chat": [tokenizer.encode(c, add_special_tokens=False) for c in chat],
           "code": [tokenizer.encode(p, add_special_tokens=False) for p in PYTHON]}
-  out = {"acceptance": {}, "step_seconds": {}}
+  out = {"acceptance": {}, "step_ms": {}}
   for set_name, prompts in sets.items():
     for name, draft in drafts.items():
       for gamma in gammas:
         o = sj.generate(target, prompts, sj.Speculative(draft, gamma=gamma),
                         max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id)
         out["acceptance"][f"{set_name}/{name}/gamma{gamma}"] = o.stats.acceptance_rate
-  for name, model in [("target", target), *drafts.items()]:
-    out["step_seconds"][name] = step_seconds(model, batch_size)
-  for name in drafts:
-    out["step_seconds"][f"ratio_{name}"] = (out["step_seconds"][name]
-                                            / out["step_seconds"]["target"])
+  for name, draft in drafts.items():
+    cost = measure_step_costs({"target": target, "draft": draft}, batch_size, 128, 130)
+    out["step_ms"]["target"] = cost["target_step_ms"]
+    out["step_ms"][name] = cost["draft_step_ms"]
+    out["step_ms"][f"ratio_{name}"] = cost["cost_ratio"]
   return out
 
 
