@@ -12,7 +12,9 @@
 #   2. the benchmark pair, greedy, gamma 1/2/4, batch 4 and batch 1 (speedup, measured vs
 #      theoretical, greedy=AR: speculative tokens identical to autoregressive ones);
 #   3. the default pair, batch 4 (its config as is: T=0 and T=1) and batch 1 (greedy);
-#   4. the speculative-decoding tests (exact laws by enumeration, the law harness's statistical
+#   4. decoding steps of a ~1B random Llama in bf16 against the memory roofline
+#      (experiments/roofline.py, batch 1 and 64);
+#   5. the speculative-decoding tests (exact laws by enumeration, the law harness's statistical
 #      tests and mutation controls, greedy exactness and rollback coverage).
 # About 8 minutes on one H200, most of it compilation (3-6 s per setting and prompt width there,
 # measured when each batch still had its own width; the runner now pads all batches of a run to
@@ -66,5 +68,8 @@ stage default_b1 120 "$PY" -m experiments.run --config=configs/leviathan.py $PAI
   --config.target="$DEFAULT_DIR/target" --config.draft="$DEFAULT_DIR/draft" --config.gammas=1,2,4 \
   --config.temperatures=0.0 --config.num_prompts=4 --config.output_dir="$RUNS/default_b1" \
   --config.repeats=3 $COMMON
+# Decode steps of a ~1B random Llama in bf16 at batch 1 and 64 against the memory roofline
+# (bytes per step / the device's measured copy bandwidth; issue floor: >= 0.6 at batch 1).
+stage roofline 180 "$PY" -m experiments.roofline --out="$RUNS/roofline.json" ${ROOFLINE_ARGS:-}
 stage tests 300 "$PY" -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_speculative.py tests/test_laws.py}
 echo "reports: $OUT/reports.tgz"

@@ -28,25 +28,36 @@ TARGET_FIELDS = dict(
     num_kv_heads=2, intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
     bos_token_id=0, eos_token_id=0)
 
-# name -> layers of the target kept by the model (None: the target itself)
+# Families of targets: "tiny" for tests and notebooks; "wide" (8 x 1024, GQA 16/8, 113M
+# parameters) for configs/sharded.py, whose heads, kv heads, MLP units and vocabulary split over
+# 1, 2, 4 or 8 devices.
+FAMILIES = {
+    "tiny": TARGET_FIELDS,
+    "wide": dict(TARGET_FIELDS, hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=8,
+                 intermediate_size=2816),
+}
+
+# name -> (family, layers of the family's target kept by the model; None: the target itself)
 RANDOM_MODELS = {
-    "tiny-target": None,
-    "tiny-draft": 1,   # the target's first layer only
-    "tiny-draft2": 2,  # first two layers (higher acceptance, more expensive)
+    "tiny-target": ("tiny", None),
+    "tiny-draft": ("tiny", 1),   # the target's first layer only
+    "tiny-draft2": ("tiny", 2),  # first two layers (higher acceptance, more expensive)
+    "wide-target": ("wide", None),
+    "wide-draft": ("wide", 1),
 }
 
 
-def target_config(**overrides):
-  """The tiny target's ``ModelConfig``; ``overrides`` replace fields (e.g. ``vocab_size=16``)."""
+def target_config(family: str = "tiny", **overrides):
+  """A family's target ``ModelConfig``; ``overrides`` replace fields (e.g. ``vocab_size=16``)."""
   from specjax.models.config import ModelConfig
-  return ModelConfig(**{**TARGET_FIELDS, **overrides})
+  return ModelConfig(**{**FAMILIES[family], **overrides})
 
 
-def _scaled_target(seed: int, **overrides):
+def _scaled_target(seed: int, family: str = "tiny", **overrides):
   import jax
 
   import specjax as sj
-  model = sj.init_model(target_config(**overrides), jax.random.key(seed))
+  model = sj.init_model(target_config(family, **overrides), jax.random.key(seed))
   model.lm_head.set_value(model.lm_head.get_value() * LOGIT_SCALE)
   for layer in list(model.layers)[1:]:
     for kernel in (layer.attn.o.kernel, layer.mlp.down.kernel):
@@ -76,17 +87,17 @@ def model_config(name: str):
   """The ``ModelConfig`` of ``random:<name>`` without building it (for validation)."""
   if name not in RANDOM_MODELS:
     raise ValueError(f"unknown random model {name!r}; known: {', '.join(RANDOM_MODELS)}")
-  layers = RANDOM_MODELS[name]
-  config = target_config()
+  family, layers = RANDOM_MODELS[name]
+  config = target_config(family)
   return config if layers is None else dataclasses.replace(config, num_layers=layers)
 
 
 def build(name: str, seed: int = 0):
   """The model ``random:<name>``; every draft derives from the target of the same ``seed``."""
-  layers = RANDOM_MODELS.get(name, "missing")
-  if layers == "missing":
+  if name not in RANDOM_MODELS:
     raise ValueError(f"unknown random model {name!r}; known: {', '.join(RANDOM_MODELS)}")
-  target = _scaled_target(seed)
+  family, layers = RANDOM_MODELS[name]
+  target = _scaled_target(seed, family)
   return target if layers is None else truncate(target, layers)
 
 

@@ -91,6 +91,7 @@ Column = tuple[str, Callable[[dict], Any], str, bool]
 COLUMNS: list[Column] = [
     ("T", lambda e: e["temperature"], "g", False),
     ("method", _method_label, "s", False),
+    ("mesh", lambda e: e.get("mesh") or None, "s", True),
     ("tok/s", lambda e: e.get("tokens_per_s"), ".1f", False),
     ("speedup", lambda e: e.get("speedup"), ".2f", False),
     ("range", lambda e: _spread(e.get("speedup_runs")), "s", True),
@@ -106,8 +107,19 @@ COLUMNS: list[Column] = [
     ("meas/model", lambda e: e.get("measured_over_modelled"), ".2f", True),
     ("ours/HF", lambda e: e.get("tokens_per_s_over_hf"), ".2f", True),
     ("greedy=AR", lambda e: e.get("greedy_match", e.get("greedy_match_vs_specjax")), ".2f", True),
+    ("x 1 device", lambda e: e.get("over_one_device"), ".2f", True),
+    ("same tokens", lambda e: e.get("same_as_one_device"), ".2f", True),
+    ("MiB/device", lambda e: _memory_mib(e.get("memory")), ".1f", True),
     ("compile s", lambda e: e.get("compile_s"), ".1f", False),
 ]
+
+
+def _memory_mib(memory: dict | None) -> float | None:
+  """Bytes one device holds for a compiled loop (arguments + outputs + temporaries), in MiB."""
+  if not memory:
+    return None
+  return (memory["argument_bytes"] + memory["output_bytes"] + memory["temp_bytes"]
+          - memory.get("alias_bytes", 0)) / 2**20
 
 
 def _table_cells(results: dict) -> tuple[list[str], list[list[str]]]:
@@ -159,6 +171,19 @@ def format_table(results: dict) -> str:
            f"{results.get('config', {}).get('repeats', '?')} interleaved repeats; speedup vs "
            f"autoregressive at the same T")
   return "\n".join([title, ""] + out + ([""] + notes if notes else []))
+
+
+def memory_lines(results: dict) -> list[str]:
+  """One line per setting with a compiled loop: its bytes per device."""
+  mib = lambda b: f"{b / 2**20:.1f} MiB"
+  out = []
+  for e in results["settings"]:
+    m = e.get("memory")
+    if m:
+      out.append(f"- {_method_label(e)}{' mesh=' + e['mesh'] if e.get('mesh') else ''} "
+                 f"T={e['temperature']:g}: arguments {mib(m['argument_bytes'])}, temporaries "
+                 f"{mib(m['temp_bytes'])}, outputs {mib(m['output_bytes'])}")
+  return out
 
 
 def _markdown_table(header: list[str], body: list[list[str]]) -> str:
@@ -418,6 +443,12 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
       md.append(f"- T={float(t):g}: optimal gamma by the formula {o['gamma']} at alpha "
                 f"{o['alpha']:.3f} (expected speedup {o['speedup']:.2f})")
     md.append("")
+  memory = memory_lines(results)
+  if memory:
+    md += ["## Memory per device", "",
+           "From each setting's compiled loop (``sj.compile_generate(...).memory_analysis()``): "
+           "arguments are the weights (target and draft) and the prompts; temporaries hold the "
+           "KV caches and the activations; under a mesh, one device's share.", ""] + memory + [""]
   samples = format_samples(results, width=400)
   if samples:
     md += ["## Sample", "", "```", samples.strip(), "```", ""]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import hashlib
 import math
 import os
 import platform
@@ -47,6 +48,37 @@ from experiments.runconfig import ConfigError
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "experiment config file, e.g. configs/default.py[:key=value,...]",
     lock_config=True)
+_MULTIHOST = flags.DEFINE_bool(
+    "multihost", False, "one process of a multi-host run: jax.distributed.initialize() (cluster "
+    "auto-detection on TPU VMs, SLURM, Open MPI, or the three flags below), then every process "
+    "runs the same program over the global mesh; process 0 writes the report")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "multihost: host:port of process 0 (default: auto-detect)")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "multihost: how many processes")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "multihost: this process's index")
+
+
+def start_jax(config, multihost: bool = False, coordinator_address: str | None = None,
+              num_processes: int | None = None, process_id: int | None = None) -> None:
+  """Sets what must be set before JAX starts its backends: ``config.cpu_devices`` host devices,
+  and (``multihost``) the distributed runtime with CPU collectives over gloo (ignored on
+  accelerators)."""
+  import jax
+  if config.cpu_devices:
+    try:
+      jax.config.update("jax_num_cpu_devices", int(config.cpu_devices))
+    except RuntimeError:
+      pass  # JAX has started already: checked below
+  if multihost:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)
+  if config.cpu_devices and jax.default_backend() == "cpu" and (
+      jax.local_device_count() != int(config.cpu_devices)):
+    raise ConfigError(f"cpu_devices={config.cpu_devices}, but JAX has started with "
+                      f"{jax.local_device_count()} devices in this process: set it before JAX "
+                      f"starts (a fresh process, or XLA_FLAGS=--xla_force_host_platform_device_count"
+                      f"={config.cpu_devices})")
 
 
 def _log(msg: str) -> None:
@@ -71,20 +103,22 @@ def make_settings(config) -> list[dict]:
                tuple(config.lookahead) if m == "lookahead" else (None,))  # WxNxG specs
       for g in gammas:
         for tree in trees:
-          settings.append(dict(method=m, gamma=g, tree=tree, temperature=float(t),
-                               top_k=int(config.top_k), top_p=float(config.top_p)))
+          for mesh in (("",) if m in runconfig.HF_METHODS else tuple(config.meshes)):
+            settings.append(dict(method=m, gamma=g, tree=tree, temperature=float(t),
+                                 top_k=int(config.top_k), top_p=float(config.top_p), mesh=mesh))
   return settings
 
 
 def setting_key(s: dict) -> tuple:
   """What tells two settings apart (besides top_k/top_p, fixed per run)."""
-  return s["method"], s["gamma"], s.get("tree"), s["temperature"]
+  return s["method"], s["gamma"], s.get("tree"), s["temperature"], s.get("mesh", "")
 
 
 def setting_label(s: dict) -> str:
   g = f" g={s['gamma']}" if s["gamma"] is not None else ""
   tree = f" {s['tree']}" if s.get("tree") else ""
-  return f"{s['method']}{g}{tree} T={s['temperature']:g}"
+  mesh = f" mesh={s['mesh']}" if s.get("mesh") else ""
+  return f"{s['method']}{g}{tree}{mesh} T={s['temperature']:g}"
 
 
 def tree_method(spec: str, draft):
@@ -409,17 +443,42 @@ class _Runner:
     if config.stop_at_eos:
       self.eos = getattr(models.tokenizer, "eos_token_id", None)
     self.methods = {}
+    self.meshes = {}  # mesh spec -> jax Mesh
+    self.placed = {"": models.sj}  # mesh spec -> {role: the model placed on that mesh}
+
+  def mesh(self, spec: str):
+    """The mesh of a ``meshes`` entry (None for "": one device)."""
+    if spec and spec not in self.meshes:
+      from specjax import sharding
+      data, model = runconfig.parse_mesh_spec(spec)
+      self.meshes[spec] = sharding.make_mesh(data, model)  # run_experiment checked the size
+    return self.meshes.get(spec)
+
+  def models_on(self, spec: str) -> dict:
+    """The models placed on mesh ``spec`` (copies: the one-device models stay where they are)."""
+    if spec not in self.placed:
+      from flax import nnx
+
+      from specjax import sharding
+      mesh, placed = self.mesh(spec), {}
+      for role, model in self.models.sj.items():
+        rules = (sharding.REPLICATED if role == "draft" and
+                 self.config.draft_sharding == "replicated" else sharding.RULES)
+        placed[role] = sharding.shard_model(nnx.clone(model), mesh, rules, role)
+      self.placed[spec] = placed
+    return self.placed[spec]
 
   def method(self, s: dict):
-    key = (s["method"], s["gamma"], s.get("tree"))
+    key = (s["method"], s["gamma"], s.get("tree"), s.get("mesh", ""))
     if key not in self.methods:
       sj = self.sj
+      models = self.models_on(s.get("mesh", ""))
       if s["method"] == "autoregressive":
         self.methods[key] = ("target", sj.Autoregressive())
       elif s["method"] == "draft_autoregressive":
         self.methods[key] = ("draft", sj.Autoregressive())
       elif s["method"] == "speculative":
-        self.methods[key] = ("target", sj.Speculative(draft=self.models.sj["draft"],
+        self.methods[key] = ("target", sj.Speculative(draft=models["draft"],
                                                       gamma=int(s["gamma"])))
       elif s["method"] == "self_speculative":
         self.methods[key] = ("target", sj.SelfSpeculative(skip=tuple(self.config.skip),
@@ -435,22 +494,44 @@ class _Runner:
       elif s["method"] == "retrieval":
         self.methods[key] = ("target", retrieval_method(self.config, int(s["gamma"])))
       elif s["method"] == "tree":
-        self.methods[key] = ("target", tree_method(s["tree"], self.models.sj["draft"])[1])
+        self.methods[key] = ("target", tree_method(s["tree"], models["draft"])[1])
     return self.methods[key]
+
+  def _generate_args(self, s: dict, batch: list[list[int]], key_seed: tuple[int, int]):
+    """``sj.generate``'s (args, kwargs) for setting ``s`` on ``batch``."""
+    jax, sj = self.jax, self.sj
+    role, method = self.method(s)
+    sampling = sj.Sampling(temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"])
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.seed), key_seed[0]),
+                             key_seed[1])
+    mesh = s.get("mesh", "")
+    return (self.models_on(mesh)[role], batch), dict(
+        method=method, sampling=sampling, max_new_tokens=int(self.config.max_new_tokens),
+        key=key, eos_token_id=self.eos, prompt_width=self.prompt_width, mesh=self.mesh(mesh),
+        draft_sharding=self.config.draft_sharding if mesh else "rules")
+
+  def memory(self, s: dict, batch: list[list[int]]) -> dict | None:
+    """Bytes per device of the setting's compiled loop (``sj.compile_generate``: after the
+    warm-up a cache hit, no second compilation)."""
+    if s["method"].startswith("hf_"):
+      return None
+    args, kwargs = self._generate_args(s, batch, (0, 0))
+    stats = self.sj.compile_generate(*args, **kwargs).memory_analysis()
+    if stats is None:
+      return None
+    return {"argument_bytes": int(stats.argument_size_in_bytes),
+            "output_bytes": int(stats.output_size_in_bytes),
+            "temp_bytes": int(stats.temp_size_in_bytes),
+            "alias_bytes": int(stats.alias_size_in_bytes)}
 
   def __call__(self, s: dict, batch: list[list[int]], key_seed: tuple[int, int]):
     import numpy as np
     if s["method"].startswith("hf_"):
       return self._hf(s, batch, key_seed)
     jax, sj = self.jax, self.sj
-    role, method = self.method(s)
-    sampling = sj.Sampling(temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"])
-    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.seed), key_seed[0]),
-                             key_seed[1])
+    args, kwargs = self._generate_args(s, batch, key_seed)
     t0 = time.perf_counter()
-    out = sj.generate(self.models.sj[role], batch, method=method, sampling=sampling,
-                      max_new_tokens=int(self.config.max_new_tokens), key=key,
-                      eos_token_id=self.eos, prompt_width=self.prompt_width)
+    out = sj.generate(*args, **kwargs)
     jax.block_until_ready(out.tokens)
     seconds = time.perf_counter() - t0
     return seconds, np.asarray(out.tokens), out.stats
@@ -579,15 +660,45 @@ def _machine() -> dict:
   devices = jax.devices()
   return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
           "cpu_count": os.cpu_count(), "jax_backend": jax.default_backend(),
-          "devices": [str(d.device_kind) for d in devices]}
+          "devices": sorted({str(d.device_kind) for d in devices}),
+          "device_count": len(devices), "process_count": jax.process_count()}
 
 
 def _progress(total: int, desc: str, enabled: bool):
-  if not enabled:
+  import jax
+  if not enabled or jax.process_index() != 0:
     return contextlib.nullcontext(None)
   from tqdm.auto import tqdm
   return tqdm(total=total, desc=desc, unit="call", file=sys.stderr, dynamic_ncols=True,
               leave=True)
+
+
+def _check_meshes(config, specs: dict) -> None:
+  """Every mesh of ``config.meshes`` fits the devices and splits every model: ConfigError
+  otherwise, before any model is loaded."""
+  import jax
+
+  from experiments import random_models
+  from specjax import sharding
+  from specjax.models.config import from_hf_dict
+  for spec in config.meshes:
+    sizes = runconfig.parse_mesh_spec(spec)
+    if not sizes:
+      continue
+    if sizes[0] * sizes[1] != jax.device_count():
+      raise ConfigError(
+          f"meshes entry {spec!r} needs {sizes[0] * sizes[1]} devices, but there are "
+          f"{jax.device_count()}" + (f" (on a CPU: cpu_devices={sizes[0] * sizes[1]})"
+                                     if jax.default_backend() == "cpu" else ""))
+    for role, model in specs.items():
+      rules = (sharding.REPLICATED if role == "draft" and config.draft_sharding == "replicated"
+               else sharding.RULES)
+      model_config = (random_models.model_config(model.random_name) if model.random_name
+                      else from_hf_dict(model.hf_config))
+      try:
+        sharding.check_config(model_config, *sizes, rules, role)
+      except ValueError as e:
+        raise ConfigError(f"meshes entry {spec!r}: {e}") from None
 
 
 def run_experiment(config, command: str | None = None) -> dict:
@@ -606,6 +717,8 @@ def run_experiment(config, command: str | None = None) -> dict:
       print(f"  {setting_label(s)}")
     return plan
   specs = runconfig.resolve_checkpoints(config)
+  start_jax(config)  # cpu_devices (main() has already started JAX, multi-host or not)
+  _check_meshes(config, specs)
   texts = prompts_lib.load_prompts(config.prompts)
   if config.num_prompts:
     texts = texts[:config.num_prompts]
@@ -687,6 +800,7 @@ def run_experiment(config, command: str | None = None) -> dict:
           if bar is not None:
             bar.update(1)
         rec["outputs"] = np.concatenate(outs)[:len(prompts)]
+        rec["memory"] = runner.memory(rec, batches[0])
 
     # Timed repeats, interleaved: for each repeat and batch, every setting in turn; the starting
     # setting rotates, so that no setting always runs right after the same neighbour.
@@ -708,12 +822,26 @@ def run_experiment(config, command: str | None = None) -> dict:
           rec["times"].append(seconds)
           rec["tokens"].append(ntok)
 
+    if config.profile_dir:  # one more call of every setting, traced (after the timed runs)
+      import jax
+      with jax.profiler.trace(config.profile_dir):
+        for rec in records:
+          with jax.profiler.TraceAnnotation(setting_label(rec)):
+            runner(rec, batches[0], (0, 0))
+      _log(f"[run] profiler trace of one call per setting in {config.profile_dir} (open it with "
+           f"TensorBoard's profile plugin or Perfetto)")
+
   # Figures per setting.
   results_settings = []
   for rec in records:
     tps = [n / t for n, t in zip(rec["tokens"], rec["times"])]
     median_time = statistics.median(rec["times"])
-    entry = {k: rec[k] for k in ("method", "gamma", "tree", "temperature", "top_k", "top_p")}
+    entry = {k: rec[k] for k in ("method", "gamma", "tree", "temperature", "top_k", "top_p",
+                                 "mesh", "memory")}
+    # The greedy/sampled outputs of the warm-up pass, to compare runs (e.g. one process against
+    # several) without storing every token.
+    entry["outputs_sha256"] = hashlib.sha256(
+        np.ascontiguousarray(rec["outputs"], np.int32).tobytes()).hexdigest()
     entry.update(rec["stats"].summary())
     entry.update(
         tokens_per_s=statistics.median(tps), tokens_per_s_runs=tps, seconds_runs=rec["times"],
@@ -723,9 +851,9 @@ def run_experiment(config, command: str | None = None) -> dict:
       entry["tokens_per_target_call"] = 1.0  # by definition
     results_settings.append(entry)
 
-  def find(method, temperature, gamma=None, tree=None):
+  def find(method, temperature, gamma=None, tree=None, mesh=""):
     for e in results_settings:
-      if setting_key(e) == (method, gamma, tree, temperature):
+      if setting_key(e) == (method, gamma, tree, temperature, mesh):
         return e
     return None
 
@@ -751,7 +879,8 @@ def run_experiment(config, command: str | None = None) -> dict:
   for e in results_settings:
     # Speedup: vs the same library's autoregressive decoding at the same sampling settings.
     is_hf = e["method"].startswith("hf_")
-    base = find("hf_autoregressive" if is_hf else "autoregressive", e["temperature"])
+    base = find("hf_autoregressive" if is_hf else "autoregressive", e["temperature"],
+                mesh=e["mesh"])
     e["speedup"] = e["tokens_per_s"] / base["tokens_per_s"] if base else float("nan")
     if base:  # each repeat's ratio: the two settings ran interleaved in the same pass
       e["speedup_runs"] = [a / b for a, b in zip(e["tokens_per_s_runs"],
@@ -797,8 +926,13 @@ def run_experiment(config, command: str | None = None) -> dict:
       verify_ms = (pass_cost.get("target_verify_ms") or {}).get(str(nodes))
       if verify_ms is not None:  # the pass over [pending, N nodes] in target steps
         e["verify_cost"] = verify_ms / pass_cost["target_step_ms"]
+    if e["mesh"]:  # the same setting on one device: its speed, and the very same tokens
+      alone = find(e["method"], e["temperature"], e["gamma"], e["tree"])
+      if alone is not None:
+        e["over_one_device"] = e["tokens_per_s"] / alone["tokens_per_s"]
+        e["same_as_one_device"] = _match(records, e, alone)
     # Every exact method must reproduce the target's greedy tokens.
-    ar = find("autoregressive", e["temperature"])
+    ar = find("autoregressive", e["temperature"], mesh=e["mesh"])
     if (e["temperature"] == 0.0 and ar is not None and not is_hf
         and e["method"] not in ("autoregressive", "draft_autoregressive")):
       e["greedy_match"] = _match(records, e, ar)
@@ -847,6 +981,9 @@ def run_experiment(config, command: str | None = None) -> dict:
       "samples": samples,
       "wall_s": time.perf_counter() - t_start,
   }
+  import jax
+  if jax.process_index() != 0:  # a multi-host run: process 0 alone writes and prints
+    return results
   paths = report_lib.write_report(results, config.output_dir, plots=bool(config.plots))
   results["files"] = paths
   print(report_lib.format_table(results))
@@ -915,6 +1052,9 @@ def main(argv):
     lines = [l.strip() for l in str(e).splitlines() if l.strip()]
     sys.exit(f"error: cannot load the config file: {lines[-1] if lines else e}")
   try:
+    runconfig.validate(config)
+    start_jax(config, _MULTIHOST.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+              _PROCESS_ID.value)
     run_experiment(config, command=command_line(sys.argv))
   except ConfigError as e:
     sys.exit(f"error: {_one_line(e)}")

@@ -109,6 +109,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.progress = True  # tqdm progress bars (stderr)
   c.sample_prompt = 0  # index of the prompt whose greedy continuations are printed
   c.dry_run = False  # validate and print the plan, load nothing
+  # Devices (specjax.sharding): every setting runs once per entry of meshes, "" = one device,
+  # "DxM" = a mesh of D data-parallel x M tensor-parallel devices (of every process); the report
+  # gives each sharded row's tokens/s over the same setting on one device, and the compiled
+  # loop's memory per device. The draft is split like the target ("rules") or whole on every
+  # device of the model axis ("replicated").
+  c.meshes = ("",)
+  c.draft_sharding = "rules"
+  # > 0: run on this many host (CPU) devices, as XLA_FLAGS=--xla_force_host_platform_device_count
+  # would (set before JAX starts; per process in a multi-host run).
+  c.cpu_devices = 0
+  c.profile_dir = ""  # "": no trace; else one jax.profiler trace of one call of every setting
   return c
 
 
@@ -208,6 +219,20 @@ def lookahead_tokens(spec: str) -> int:
   return (guesses + window) * (ngram - 1) - 1
 
 
+def parse_mesh_spec(spec: str) -> tuple[int, int] | None:
+  """``"2x4"`` -> ``(data, model)`` = ``(2, 4)``; ``""`` -> None (one device)."""
+  if spec == "":
+    return None
+  try:
+    sizes = tuple(int(x) for x in str(spec).split("x"))
+  except ValueError:
+    sizes = ()
+  if len(sizes) != 2 or min(sizes) < 1:
+    raise ConfigError(f"mesh spec {spec!r}: expected DxM (data x model devices, e.g. 2x4) or '' "
+                      f"(one device)")
+  return sizes
+
+
 def tree_nodes(spec: str) -> int:
   """Candidates a tree spec verifies per target pass (the cache room it needs)."""
   kind, sizes = parse_tree_spec(spec)
@@ -226,6 +251,9 @@ def _check_int(config, name: str, minimum: int) -> None:
   value = config[name]
   if not _is_int(value) or value < minimum:
     raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+DRAFT_SHARDINGS = ("rules", "replicated")  # specjax.sharding.DRAFT_SHARDINGS (no jax import)
 
 
 def validate(config) -> None:
@@ -271,6 +299,19 @@ def validate(config) -> None:
     _check_int(config, "retrieval_nodes", max(config.gammas))
     if config.datastore:
       datastore_vocab(config.datastore)
+  meshes = tuple(config.meshes)
+  if not meshes:
+    raise ConfigError("meshes is empty; give at least one ('' = one device, '2x4' = a mesh)")
+  for spec in meshes:
+    parse_mesh_spec(spec)
+  if len(set(meshes)) != len(meshes):
+    raise ConfigError(f"meshes lists a mesh twice: {list(meshes)}")
+  if any(m in HF_METHODS for m in methods) and any(meshes):
+    raise ConfigError("hf_* methods run transformers on one device: drop them or the meshes")
+  if config.draft_sharding not in DRAFT_SHARDINGS:
+    raise ConfigError(f"draft_sharding must be one of {', '.join(DRAFT_SHARDINGS)}, got "
+                      f"{config.draft_sharding!r}")
+  _check_int(config, "cpu_devices", 0)
   skip = tuple(config.skip)
   for i in skip:
     if not _is_int(i) or i < 0:

@@ -1,6 +1,7 @@
 """specjax: speculative decoding for JAX/Flax, jit-compiled end to end. See DESIGN.md §2."""
 
-from specjax.decoding.generate import GenerateOutput, generate
+from specjax import sharding
+from specjax.decoding.generate import GenerateOutput, compile_generate, generate
 from specjax.decoding.methods import (Autoregressive, Jacobi, Lookahead, PromptLookup,
                                       SelfSpeculative, SpecTr, Speculative, TreeSpeculative)
 from specjax.decoding.stats import DecodeStats
@@ -14,6 +15,6 @@ from specjax.trees import DynamicTree, Tree
 __all__ = [
     "Autoregressive", "Datastore", "DecodeStats", "DynamicTree", "GenerateOutput", "Jacobi",
     "Lookahead", "ModelConfig", "PromptLookup", "Retrieval", "Sampling", "SelfSpeculative",
-    "SpecTr", "Speculative", "Transformer", "Tree", "TreeSpeculative", "forward", "generate",
-    "init_model", "load_model", "load_tokenizer", "save_model",
+    "SpecTr", "Speculative", "Transformer", "Tree", "TreeSpeculative", "compile_generate",
+    "forward", "generate", "init_model", "load_model", "load_tokenizer", "save_model", "sharding",
 ]

@@ -65,7 +65,8 @@ class EndToEndTest(absltest.TestCase):
     cls.out = pathlib.Path(cls.tmp.name) / "tiny run"  # a space: paths must be quoted right
     cls.proc, cls.seconds = _run("--config=configs/tiny.py:gamma=2", f"--config.output_dir={cls.out}",
                                  "--config.repeats=1", "--config.max_new_tokens=12",
-                                 "--config.progress=False")
+                                 "--config.progress=False",
+                                 f"--config.profile_dir={cls.out / 'trace'}")
     if cls.proc.returncode != 0:
       raise AssertionError(f"run failed ({cls.proc.returncode}):\n{cls.proc.stdout}\n"
                            f"{cls.proc.stderr[-4000:]}")
@@ -133,6 +134,19 @@ class EndToEndTest(absltest.TestCase):
     spec_greedy = [e for e in r["settings"] if e["method"] == "speculative"
                    and e["temperature"] == 0.0]
     self.assertEqual(spec_greedy[0]["greedy_match"], 1.0)  # lossless at temperature 0
+
+  def test_memory_and_profile(self):
+    for e in self.results["settings"]:
+      self.assertGreater(e["memory"]["argument_bytes"], 0)  # the compiled loop's, per device
+      self.assertGreater(e["memory"]["temp_bytes"], 0)
+      self.assertLen(e["outputs_sha256"], 64)
+    spec = [e for e in self.results["settings"] if e["method"] == "speculative"][0]
+    ar = [e for e in self.results["settings"] if e["method"] == "autoregressive"][0]
+    self.assertGreater(spec["memory"]["argument_bytes"], ar["memory"]["argument_bytes"])  # +draft
+    self.assertIn("## Memory per device", (self.out / "report.md").read_text())
+    traces = list((self.out / "trace").rglob("*.xplane.pb"))
+    self.assertLen(traces, 1)
+    self.assertGreater(traces[0].stat().st_size, 0)
 
   def test_report_and_plots(self):
     report = (self.out / "report.md").read_text()
@@ -227,6 +241,15 @@ class ConfigErrorTest(parameterized.TestCase):
        "skip [4] does not fit the target's 4 layers"),
       ("bad_draft_vocab", ["--config.draft_vocab=half"], "draft_vocab must be one of auto, full"),
       ("draft_as_target", ["--config.target=smollm2-draft"], "'smollm2-draft' is a draft"),
+      ("bad_mesh_spec", ["--config.meshes=2x"], "mesh spec '2x': expected DxM"),
+      ("mesh_too_big", ["--config.meshes=2x4"],
+       "meshes entry '2x4' needs 8 devices, but there are 1 (on a CPU: cpu_devices=8)"),
+      ("mesh_that_does_not_split", ["--config.meshes=1x4", "--config.cpu_devices=4"],
+       "meshes entry '1x4': target tensor layers/0/attn/k/kernel: its 'kv_heads' dimension (2 "
+       "kv heads) does not divide the mesh axis 'model' of size 4"),
+      ("bad_draft_sharding", ["--config.draft_sharding=half"],
+       "draft_sharding must be one of rules, replicated"),
+      ("negative_cpu_devices", ["--config.cpu_devices=-1"], "cpu_devices"),
       ("smollm2_draft_for_another_target", ["--config.target={v100}",
                                             "--config.draft=smollm2-draft"],
        "'smollm2-draft' drafts for SmolLM2 (vocab_size 49152); target"),
@@ -450,7 +473,8 @@ class GpuCheckScriptTest(absltest.TestCase):
   def _script(self, out: str, tests: str):
     env = _env()
     env.update(OUT=os.path.join(out, "out"), RUNS=os.path.join(out, "runs"), PY=sys.executable,
-               EXTRA_ARGS="--config.dry_run=True", TESTS=tests)
+               EXTRA_ARGS="--config.dry_run=True", TESTS=tests,
+               ROOFLINE_ARGS="--model=small --batch_sizes=1,2 --copy_mib=16")
     return subprocess.run(["bash", "experiments/gpu_check.sh"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -458,7 +482,7 @@ class GpuCheckScriptTest(absltest.TestCase):
     with tempfile.TemporaryDirectory() as tmp:
       proc = self._script(tmp, "tests/test_run.py::OverrideTest::test_get_config_arg")
       self.assertEqual(proc.returncode, 0, proc.stderr)
-      stages = ("info", "bench_b4", "bench_b1", "default_b4", "default_b1", "tests")
+      stages = ("info", "bench_b4", "bench_b1", "default_b4", "default_b1", "roofline", "tests")
       for stage in stages:
         self.assertIn(f"=== {stage}: rc=0 ", proc.stdout)
       for stage in stages[1:5]:
@@ -466,6 +490,12 @@ class GpuCheckScriptTest(absltest.TestCase):
         self.assertIn("[run] dry run:", log)
         self.assertIn("speculative g=2 T=0", log)
       self.assertTrue(pathlib.Path(tmp, "out", "reports.tgz").is_file())
+      roofline = json.loads(pathlib.Path(tmp, "runs", "roofline.json").read_text())
+      self.assertEqual([r["batch"] for r in roofline["rows"]], [1, 2])
+      for row in roofline["rows"]:
+        self.assertGreater(row["step_ms"], 0)
+        self.assertAlmostEqual(row["roofline_fraction"], row["roofline_ms"] / row["step_ms"])
+        self.assertEqual(row["bytes"]["total"], row["bytes"]["weights"] + row["bytes"]["kv_cache"])
 
   def test_failing_stage_reported(self):
     with tempfile.TemporaryDirectory() as tmp:

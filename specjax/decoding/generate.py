@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 import flax.struct
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax import sharding as sharding_lib
 from specjax.decoding import loop
 from specjax.decoding.methods import Autoregressive, Speculative, TreeSpeculative
 from specjax.decoding.stats import DecodeStats
@@ -73,6 +75,9 @@ def generate(
     key: jax.Array | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     prompt_width: int | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    sharding_rules: sharding_lib.Rules | None = None,
+    draft_sharding: str = "rules",
 ) -> GenerateOutput:
   """Generates up to ``max_new_tokens`` per prompt with ``method``; see DESIGN.md §2.
 
@@ -83,7 +88,38 @@ def generate(
   ``prompt_width`` when given (at least the longest prompt; ``prompt_width + max_new_tokens`` must
   fit the model's context), so that batches of different prompt lengths share one compilation.
   Padded columns are masked out of attention.
+
+  ``mesh`` (axes ``("data", "model")``, ``specjax.sharding.make_mesh``) runs the same loop
+  sharded: the target's weights and KV cache split by ``sharding_rules`` (default
+  ``specjax.sharding.RULES``: heads, kv heads, MLP units and vocabulary over ``model``), the
+  batch over ``data`` (which must divide the number of prompts); the draft's weights split the
+  same way (``draft_sharding="rules"``) or whole on every device (``"replicated"``). Tokens and
+  statistics are those of the unsharded run; in a multi-host run every process passes the same
+  arguments and receives the whole (replicated) output.
   """
+  args, kwargs = _loop_arguments(model, prompts, method, sampling, max_new_tokens, key,
+                                 eos_token_id, prompt_width, mesh, sharding_rules,
+                                 draft_sharding)
+  tokens, out_lengths, stats = loop.decode_jit(*args, **kwargs)
+  return GenerateOutput(tokens=tokens, lengths=out_lengths, stats=stats)
+
+
+def compile_generate(*args, **kwargs) -> jax.stages.Compiled:
+  """The compiled loop ``generate`` runs for these arguments (compiled now, or taken from the
+  cache if ``generate`` already ran them): its ``memory_analysis()`` (bytes of arguments, i.e.
+  weights and prompts, outputs and temporaries, i.e. KV caches and activations, per device),
+  ``cost_analysis()`` and ``as_text()`` (the partitioned HLO under a mesh). Takes exactly
+  ``generate``'s arguments."""
+  bound = inspect.signature(generate).bind(*args, **kwargs)
+  bound.apply_defaults()
+  loop_args, loop_kwargs = _loop_arguments(**bound.arguments)
+  return loop.decode_jit.lower(*loop_args, **loop_kwargs).compile()
+
+
+def _loop_arguments(model, prompts, method, sampling, max_new_tokens, key, eos_token_id,
+                    prompt_width, mesh, sharding_rules, draft_sharding):
+  """Validates ``generate``'s arguments (one-line ValueErrors, before anything compiles) and
+  returns the jitted loop's ``(args, kwargs)``."""
   check_model(model, "target")
   if not all(callable(getattr(method, name, None)) for name in ("proposer", "validate")):
     raise ValueError(f"unknown decoding method {method!r}: give an sj method such as "
@@ -113,12 +149,32 @@ def generate(
   check_context(model, "target", width, max_new_tokens, what)
   method.validate(model, width, max_new_tokens, what)
 
+  placement = None
+  if mesh is not None or sharding_rules is not None or draft_sharding != "rules":
+    if mesh is None:
+      raise ValueError("sharding_rules and draft_sharding need a mesh=")
+    placement = sharding_lib.placement(mesh, sharding_rules, draft_sharding)
+    if prompt.shape[0] % placement.data_size:
+      raise ValueError(f"{prompt.shape[0]} prompts do not divide the mesh's data axis of size "
+                       f"{placement.data_size}: give a multiple of {placement.data_size} prompts "
+                       f"or a mesh with a smaller data axis")
+
   proposer, proposer_params = method.proposer(model)
   target_graphdef, target_state = nnx.split(model)
-  tokens, out_lengths, stats = loop.decode_jit(
-      target_graphdef, target_state, proposer, proposer_params, jnp.asarray(prompt),
-      jnp.asarray(lengths), key, sampling=sampling, max_new_tokens=max_new_tokens,
-      eos_ids=eos_ids,
-      cache_length=prompt.shape[1] + max_new_tokens + proposer.num_candidates + num_extra(proposer)
-      + 1)
-  return GenerateOutput(tokens=tokens, lengths=out_lengths, stats=stats)
+  if placement is not None:
+    mesh = placement.mesh
+    draft = getattr(method, "draft", None)
+    sharding_lib.check_divisible(model.config, target_state, mesh, placement.rules, "target")
+    sharding_lib.check_divisible(getattr(draft, "config", model.config), proposer_params, mesh,
+                                 placement.draft_rules, "draft")
+    target_state = sharding_lib.place(target_state, mesh, placement.rules)
+    proposer_params = sharding_lib.place(proposer_params, mesh, placement.draft_rules)
+    prompt = sharding_lib.put(prompt, placement.batch(2))
+    lengths = sharding_lib.put(lengths, placement.batch(1))
+    key = sharding_lib.put(key, placement.replicated)
+  args = (target_graphdef, target_state, proposer, proposer_params, jnp.asarray(prompt),
+          jnp.asarray(lengths), key)
+  kwargs = dict(sampling=sampling, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                cache_length=prompt.shape[1] + max_new_tokens + proposer.num_candidates
+                + num_extra(proposer) + 1, placement=placement)
+  return args, kwargs

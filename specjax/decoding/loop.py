@@ -142,13 +142,16 @@ def committed_lengths(length: jax.Array, num_accepted: jax.Array, active: jax.Ar
 
 def decode(target_graphdef, target_state, proposer, proposer_params, prompt, prompt_lengths, key,
            *, sampling: sampling_lib.Sampling, max_new_tokens: int, eos_ids: tuple[int, ...],
-           cache_length: int):
+           cache_length: int, placement=None):
   """Generates for a batch of right-padded prompts. Pure; jit it with the keyword args static.
 
   Args:
     proposer: static (hashable) proposer (``specjax.proposers.base.Proposer``); it proposes
       ``N = proposer.num_candidates`` tokens per iteration from its ``proposer_params`` (traced).
     prompt: int32[B, P] right-padded prompts; prompt_lengths: int32[B] (>= 1).
+    placement: None (one device, or whatever the inputs' shardings say), or a
+      ``specjax.sharding.Placement``: the target's cache is pinned to its rules and the outputs
+      are replicated.
   Returns:
     (int32[B, max_new_tokens] tokens, -1 past each row's length; int32[B] lengths; DecodeStats)
   """
@@ -159,9 +162,10 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
   row_keys = _row_keys(key, batch)
 
   # Prefill: the whole prompt goes into the cache; the first token comes from its last logits.
-  cache = init_cache(target.config, batch, cache_length)
+  pin = (lambda c: c) if placement is None else placement.constrain_cache
+  cache = pin(init_cache(target.config, batch, cache_length))
   logits, cache = target(prompt, cache)
-  cache = cache.with_lengths(prompt_lengths)
+  cache = pin(cache.with_lengths(prompt_lengths))
   first = _draw_one(_step_keys(row_keys, 0, 1)[:, 0], logits[rows, prompt_lengths - 1], sampling)
   proposer_state = proposer.prefill(proposer_params, prompt, prompt_lengths, cache_length)
   stats = DecodeStats.zeros(batch, depth).replace(
@@ -199,7 +203,7 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
     length = state.target_cache.lengths
     if tree is not None:  # the accepted path's entries move next to the pending token's
       cache = compact_path(cache, path)
-    cache = cache.with_lengths(committed_lengths(length, n, active))
+    cache = pin(cache.with_lengths(committed_lengths(length, n, active)))
     proposer_state = proposer.commit(
         proposer_params, proposer_state, candidates,
         Outcome(target_length=length, path=path, num_accepted=n, next_token=nxt, active=active,
@@ -227,8 +231,9 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
                      step=state.step + 1, stats=stats)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return state.out[:, :max_new_tokens], state.stats.generated, state.stats
+  result = state.out[:, :max_new_tokens], state.stats.generated, state.stats
+  return result if placement is None else placement.replicate(result)
 
 
 decode_jit = jax.jit(decode, static_argnums=(0, 2), static_argnames=(
-    "sampling", "max_new_tokens", "eos_ids", "cache_length"))
+    "sampling", "max_new_tokens", "eos_ids", "cache_length", "placement"))

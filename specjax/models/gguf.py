@@ -210,8 +210,10 @@ def _write_cache(file: pathlib.Path, hf: dict[str, Any], tensors: dict[str, np.n
     warnings.warn(f"could not cache the converted GGUF file {source} at {file}: {e}")
 
 
-def load_gguf(path: str | os.PathLike, dtype: str | None = None) -> Transformer:
-  """Loads a GGUF file as a ``Transformer`` in ``dtype`` (default float32), via the cache.
+def load_gguf(path: str | os.PathLike, dtype: str | None = None, mesh=None,
+              sharding_rules=None) -> Transformer:
+  """Loads a GGUF file as a ``Transformer`` in ``dtype`` (default float32), via the cache; on
+  ``mesh`` by ``sharding_rules`` when given (``params_from_hf``).
 
   The first load dequantizes the file and writes the cache; later loads (same content, any path)
   only hash the file and memory-map the cached safetensors.
@@ -223,13 +225,15 @@ def load_gguf(path: str | os.PathLike, dtype: str | None = None) -> Transformer:
   if not cached.is_file():
     hf, tensors = convert_gguf(path)
     _write_cache(cached, hf, tensors, path)
-    return params_from_hf(from_hf_dict(hf, dtype=dtype), tensors, source=path)
+    return params_from_hf(from_hf_dict(hf, dtype=dtype), tensors, source=path, mesh=mesh,
+                          sharding_rules=sharding_rules)
   from safetensors import safe_open
 
   with _SafetensorsReader([str(cached)]) as tensors:
     with safe_open(cached, "numpy") as f:
       hf = json.loads((f.metadata() or {})["config"])
-    return params_from_hf(from_hf_dict(hf, dtype=dtype), tensors, source=str(cached))
+    return params_from_hf(from_hf_dict(hf, dtype=dtype), tensors, source=str(cached), mesh=mesh,
+                          sharding_rules=sharding_rules)
 
 
 def load_gguf_tokenizer(path: str | os.PathLike):

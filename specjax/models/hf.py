@@ -188,7 +188,7 @@ def _tensor_shape(tensors: Mapping[str, Any], name: str) -> tuple[int, ...]:
 
 
 def params_from_hf(config: ModelConfig, tensors: Mapping[str, Any], source: str = "checkpoint",
-                   ) -> Transformer:
+                   mesh=None, sharding_rules=None) -> Transformer:
   """Builds a ``Transformer`` for ``config`` from HF-named tensors (the inverse of ``params_to_hf``).
 
   ``tensors`` maps HF names to arrays (numpy, jax, or anything ``jnp.asarray`` takes); it may be
@@ -203,9 +203,20 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, Any], source: str 
   ``attn.bias`` / ``attn.masked_bias`` causal masks) and, in a tied checkpoint, an ``lm_head.weight``
   of the embedding's shape: with tied embeddings the head *is* the embedding, which is also what
   transformers uses. Any other extra name, a missing name or a wrong shape is a ``ValueError``.
+
+  ``mesh``: each tensor goes onto the mesh by ``sharding_rules`` (``specjax.sharding``) as soon as
+  it is converted, each device receiving its own shard; no device ever holds the whole model.
   """
   abstract = nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(0)))
   graphdef, abstract_state = nnx.split(abstract)
+  place = lambda path, value: value
+  if mesh is not None:
+    from specjax import sharding  # here: sharding imports the models package
+    placement = sharding.placement(mesh, sharding_rules)
+    sharding.check_divisible(config, abstract_state, placement.mesh, placement.rules, "model")
+    shard_of = {path: var.get_value() for path, var in nnx.to_flat_state(
+        sharding.shardings(abstract_state, placement.mesh, placement.rules))}
+    place = lambda path, value: sharding.put(value, shard_of[path])
   flat = list(nnx.to_flat_state(abstract_state))
   shapes = {path: tuple(var.get_value().shape) for path, var in flat}
   table = hf_layout(config)
@@ -249,10 +260,10 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, Any], source: str 
   for entry in table:
     tensor = jnp.asarray(tensors[stored[entry.hf_name]]).astype(dtype)  # cast first: less to move
     for path, value in zip(entry.paths, _from_hf(entry, tensor, shapes)):
-      values[path] = value
+      values[path] = place(path, value)
     del tensor
   if config.is_llama_family:
-    values[("inv_freq",)] = jnp.asarray(rope_inverse_frequencies(config))
+    values[("inv_freq",)] = place(("inv_freq",), jnp.asarray(rope_inverse_frequencies(config)))
   for path, var in flat:
     if path not in values:
       raise AssertionError(f"no value for model variable {path}")
@@ -351,7 +362,8 @@ def _dtype_name(dtype: Any) -> str | None:
   return jnp.dtype(dtype).name
 
 
-def load_model(path: str | os.PathLike, dtype: Any = None) -> Transformer:
+def load_model(path: str | os.PathLike, dtype: Any = None, mesh=None,
+               sharding_rules=None) -> Transformer:
   """Loads a Hugging Face checkpoint directory (``config.json`` + safetensors) as a ``Transformer``.
 
   Args:
@@ -360,6 +372,9 @@ def load_model(path: str | os.PathLike, dtype: Any = None) -> Transformer:
       and cached, see ``specjax.models.gguf``); or a name from ``checkpoints.CHECKPOINTS``.
     dtype: ``"float32"`` or ``"bfloat16"`` (or the jnp dtype); default: the checkpoint's own
       (``dtype`` / ``torch_dtype``; float16 and unknown become float32).
+    mesh: a ``("data", "model")`` mesh (``specjax.sharding.make_mesh``): each tensor is placed on
+      it by ``sharding_rules`` (default ``specjax.sharding.RULES``) as it is read, so that no
+      device holds more than its shards (see ``params_from_hf``).
 
   Memory: the module is built abstractly and filled tensor by tensor from memory-mapped files, so
   the host never holds two full copies of the weights (see ``params_from_hf``).
@@ -373,7 +388,8 @@ def load_model(path: str | os.PathLike, dtype: Any = None) -> Transformer:
 
   path = checkpoints.resolve_path(path)
   if path.lower().endswith(".gguf"):
-    return gguf.load_gguf(path, dtype=_dtype_name(dtype))
+    return gguf.load_gguf(path, dtype=_dtype_name(dtype), mesh=mesh,
+                          sharding_rules=sharding_rules)
   if not os.path.isdir(path):
     raise FileNotFoundError(f"model directory {path} does not exist")
   config_file = os.path.join(path, CONFIG_NAME)
@@ -381,7 +397,7 @@ def load_model(path: str | os.PathLike, dtype: Any = None) -> Transformer:
     raise FileNotFoundError(f"{config_file} does not exist")
   config = from_hf_dict(_read_json(config_file), dtype=_dtype_name(dtype))
   with _SafetensorsReader(_weight_files(path)) as tensors:
-    return params_from_hf(config, tensors, source=path)
+    return params_from_hf(config, tensors, source=path, mesh=mesh, sharding_rules=sharding_rules)
 
 
 # --------------------------------------------------------------------------------------------------
