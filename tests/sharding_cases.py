@@ -194,16 +194,19 @@ class PlacementTest(absltest.TestCase):
     memory = {}
     for dtype in ("float32", "bfloat16"):
       target = sj.init_model(dataclasses_replace(GQA, dtype=dtype), 0)
-      memory[dtype] = sj.compile_generate(target, prompts, max_new_tokens=4,
-                                          mesh=mesh).memory_analysis()
+      compiled = sj.compile_generate(target, prompts, max_new_tokens=4, mesh=mesh)
+      memory[dtype] = compiled.memory_analysis()
+      # Each device's cache: 4 rows x 1 kv head, in the model's dtype.
+      short = {"float32": "f32", "bfloat16": "bf16"}[dtype]
+      self.assertIn(f"{short}[4,1,37,{GQA.head_dim}]", compiled.as_text())
       if dtype == "bfloat16":
         out = sj.generate(target, prompts, max_new_tokens=4, mesh=mesh)
         self.assertTrue(np.all(np.asarray(out.tokens) >= 0))
         self.assertEqual(target.layers[0].attn.q.kernel.get_value().dtype, jnp.bfloat16)
     f32, bf16 = memory["float32"], memory["bfloat16"]
-    # Weights (and the cache) in bf16: half the bytes, plus the int32 prompts in both.
+    # Weights in bf16: half the bytes, plus the int32 prompts in both. (Temporaries are not
+    # compared: XLA:CPU runs bf16 matmuls on float32 copies of their operands.)
     self.assertBetween(bf16.argument_size_in_bytes / f32.argument_size_in_bytes, 0.5, 0.55)
-    self.assertLess(bf16.temp_size_in_bytes, f32.temp_size_in_bytes)
 
   def test_replicated_draft(self):
     draft = sharding.shard_model(sj.init_model(DRAFT, 1), sharding.make_mesh(2, 4),
