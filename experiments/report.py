@@ -404,7 +404,7 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
          "the models' steps (verification, rollback and bookkeeping, each call's setup and "
          "prefills); ours/HF (when transformers ran): specjax tokens/s over transformers' "
          "(autoregressive over greedy/sampling generate, "
-         "speculative over assisted generation at the same gamma); hf_* rows' speedup is vs "
+         "speculative over assisted generation, prompt lookup over its prompt lookup, at the same gamma); hf_* rows' speedup is vs "
          "hf_autoregressive; greedy=AR: "
          "fraction of prompts whose greedy tokens equal specjax autoregressive's; compile s: first "
          "call minus a timed one.", "",

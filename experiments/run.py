@@ -562,6 +562,9 @@ class _Runner:
       draft.generation_config.assistant_confidence_threshold = 0.0
       kwargs.update(assistant_model=draft, num_assistant_tokens=int(s["gamma"]),
                     num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+    elif s["method"] == "hf_prompt_lookup":  # its own PromptLookupCandidateGenerator
+      kwargs.update(prompt_lookup_num_tokens=int(s["gamma"]),
+                    max_matching_ngram_size=int(self.config.max_ngram))
     ids = torch.tensor([batch[0]], dtype=torch.long)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -887,7 +890,8 @@ def run_experiment(config, command: str | None = None) -> dict:
                                                   base["tokens_per_s_runs"])]
     # Ours vs transformers: AR vs HF greedy/sampling generate, speculative vs HF assisted.
     counterpart = {"autoregressive": ("hf_autoregressive", None),
-                   "speculative": ("hf_assisted", e["gamma"])}.get(e["method"])
+                   "speculative": ("hf_assisted", e["gamma"]),
+                   "prompt_lookup": ("hf_prompt_lookup", e["gamma"])}.get(e["method"])
     if counterpart and find(counterpart[0], e["temperature"], counterpart[1]):
       e["tokens_per_s_over_hf"] = e["tokens_per_s"] / find(
           counterpart[0], e["temperature"], counterpart[1])["tokens_per_s"]

