@@ -77,8 +77,8 @@ def start_jax(config, multihost: bool = False, coordinator_address: str | None =
       jax.local_device_count() != int(config.cpu_devices)):
     raise ConfigError(f"cpu_devices={config.cpu_devices}, but JAX has started with "
                       f"{jax.local_device_count()} devices in this process: set it before JAX "
-                      f"starts (a fresh process, or XLA_FLAGS=--xla_force_host_platform_device_count"
-                      f"={config.cpu_devices})")
+                      f"starts (a fresh process, or "
+                      f"XLA_FLAGS=--xla_force_host_platform_device_count={config.cpu_devices})")
 
 
 def _log(msg: str) -> None:

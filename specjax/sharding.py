@@ -149,10 +149,11 @@ def check_divisible(config, state, mesh: Mesh | AbstractMesh, rules: Rules,
   for path, name, axis, units, what in split:
     if units % sizes[axis]:
       common = math.gcd(*(u for _, _, a, u, _ in split if a == axis))
+      suggestion = _suggest(math.prod(sizes.values()), common)
       raise ValueError(
           f"{role} tensor {path}: its {name!r} dimension ({units} {what}) does not divide the "
-          f"mesh axis {axis!r} of size {sizes[axis]}; {_suggest(math.prod(sizes.values()), common)}"
-          f", or map {name!r} to None in the rules")
+          f"mesh axis {axis!r} of size {sizes[axis]}; {suggestion}, or map {name!r} to None in "
+          f"the rules")
 
 
 def check_config(config, data: int, model: int, rules: Rules = RULES,
