@@ -19,6 +19,11 @@ budget, repeats and the output directory. The run:
 6. prints a table, the greedy continuations of one prompt by AR and speculative decoding, and
    writes ``results.json``, ``report.md`` and PNG plots to ``output_dir``.
 
+Devices: ``config.meshes`` runs every setting on one device ("") and on meshes ("2x4": 2
+data-parallel x 4 tensor-parallel devices, ``specjax.sharding``) side by side;
+``--multihost`` makes this process one of several (``jax.distributed.initialize``; see
+``experiments/launch_local.py``), and process 0 alone writes the report.
+
 ``run_experiment(config)`` does the same in-process and returns the results dict.
 """
 
