@@ -696,8 +696,12 @@ def _check_meshes(config, specs: dict) -> None:
     if sizes[0] * sizes[1] != jax.device_count():
       raise ConfigError(
           f"meshes entry {spec!r} needs {sizes[0] * sizes[1]} devices, but there are "
-          f"{jax.device_count()}" + (f" (on a CPU: cpu_devices={sizes[0] * sizes[1]})"
-                                     if jax.default_backend() == "cpu" else ""))
+          f"{jax.device_count()}" + (
+              f" (on a CPU: cpu_devices={sizes[0] * sizes[1] // jax.process_count()})"
+              if jax.default_backend() == "cpu" else ""))
+    if int(config.batch_size) % sizes[0]:
+      raise ConfigError(f"meshes entry {spec!r}: batch_size {config.batch_size} does not divide "
+                        f"its data axis of {sizes[0]} devices")
     for role, model in specs.items():
       rules = (sharding.REPLICATED if role == "draft" and config.draft_sharding == "replicated"
                else sharding.RULES)

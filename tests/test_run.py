@@ -278,6 +278,8 @@ class ConfigErrorTest(parameterized.TestCase):
       ("mesh_that_does_not_split", ["--config.meshes=1x4", "--config.cpu_devices=4"],
        "meshes entry '1x4': target tensor layers/0/attn/k/kernel: its 'kv_heads' dimension (2 "
        "kv heads) does not divide the mesh axis 'model' of size 4"),
+      ("batch_and_data_axis", ["--config.meshes=4x1", "--config.cpu_devices=4"],
+       "meshes entry '4x1': batch_size 2 does not divide its data axis of 4 devices"),
       ("bad_draft_sharding", ["--config.draft_sharding=half"],
        "draft_sharding must be one of rules, replicated"),
       ("negative_cpu_devices", ["--config.cpu_devices=-1"], "cpu_devices"),
