@@ -226,10 +226,11 @@ class Placement:
 
   @property
   def data_size(self) -> int:
-    return int(dict(zip(self.mesh.axis_names, self.mesh.devices.shape))[DATA])
+    return int(self.mesh.shape[DATA])
 
-  def sharding(self, axes: Sequence[str | None], rules: Rules | None = None) -> NamedSharding:
-    return NamedSharding(self.mesh, logical_spec(axes, self.rules if rules is None else rules))
+  def sharding(self, axes: Sequence[str | None]) -> NamedSharding:
+    """The target's rules applied to an array whose dimensions have logical names ``axes``."""
+    return NamedSharding(self.mesh, logical_spec(axes, self.rules))
 
   def batch(self, ndim: int) -> NamedSharding:
     """Arrays whose leading dimension is the batch: split on ``data``."""

@@ -20,6 +20,7 @@ single-device test of a process by ~1.3x, so the rest of the suite keeps one); r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
@@ -208,7 +209,7 @@ class PlacementTest(absltest.TestCase):
     mesh, prompts = sharding.make_mesh(2, 4), _prompts()
     memory = {}
     for dtype in ("float32", "bfloat16"):
-      target = sj.init_model(dataclasses_replace(GQA, dtype=dtype), 0)
+      target = sj.init_model(dataclasses.replace(GQA, dtype=dtype), 0)
       compiled = sj.compile_generate(target, prompts, max_new_tokens=4, mesh=mesh)
       memory[dtype] = compiled.memory_analysis()
       # Each device's cache: 4 rows x 1 kv head, in the model's dtype.
@@ -275,7 +276,7 @@ class ErrorsTest(absltest.TestCase):
       sharding.shard_model(sj.init_model(three, 0), sharding.make_mesh(4, 2))
     with self.assertRaisesRegex(ValueError, r"^draft tensor .*kv heads"):
       self._run(method=sj.Speculative(sj.init_model(three, 1), 2),
-                config=dataclasses_replace(TARGET, vocab_size=V))
+                config=TARGET)
 
   def test_batch_and_mesh(self):
     with self.assertRaisesRegex(ValueError, r"3 prompts do not divide the mesh's data axis of "
@@ -307,11 +308,6 @@ class ErrorsTest(absltest.TestCase):
       with self.assertRaises(ValueError):
         self._run(**kwargs)
     self.assertEqual(loop.decode_jit._cache_size(), before)
-
-
-def dataclasses_replace(config, **changes):
-  import dataclasses
-  return dataclasses.replace(config, **changes)
 
 
 if __name__ == "__main__":
