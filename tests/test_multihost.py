@@ -30,8 +30,13 @@ RUN = [sys.executable, "-m", "experiments.run", "--config=configs/sharded.py:tin
 
 def _env() -> dict:
   env = dict(os.environ)
-  for name in ("XLA_FLAGS", "PYTEST_XDIST_WORKER", "JAX_NUM_CPU_DEVICES"):
+  for name in ("PYTEST_XDIST_WORKER", "JAX_NUM_CPU_DEVICES"):
     env.pop(name, None)
+  # The runner sets its own device count (cpu_devices); conftest's other flags are kept.
+  flags = env.pop("XLA_FLAGS", "").split()
+  flags = [f for f in flags if not f.startswith("--xla_force_host_platform_device_count")]
+  if flags:
+    env["XLA_FLAGS"] = " ".join(flags)
   return env
 
 

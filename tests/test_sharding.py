@@ -20,7 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class ShardingCasesTest(absltest.TestCase):
 
   def test_sharding_cases_on_eight_devices(self):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    flags = os.environ.get("XLA_FLAGS", "")  # conftest's quick compilation, kept
+    env = dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count=8".strip())
     env.pop("PYTEST_XDIST_WORKER", None)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rA", "-o", "addopts=", "-p", "no:cacheprovider",
