@@ -82,6 +82,136 @@ _FUNCTIONS = [
 CODE_EDIT = [f"{change} Return the whole function.\n\n```python\n{code}```"
              for code, change in _FUNCTIONS]
 
+# Longer functions (10-20 lines) asked back with a change of a line or two, as most real edits
+# are: the answer is mostly the prompt's own code.
+_LONG_FUNCTIONS = [
+    ('''import argparse
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description="Serve files over HTTP.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--port", type=int, default=8080, help="port to listen on")
+    parser.add_argument("--root", default=".", help="directory to serve")
+    parser.add_argument("--verbose", action="store_true", help="log every request")
+    args = parser.parse_args(argv)
+    if args.port < 1 or args.port > 65535:
+        parser.error("port must be between 1 and 65535")
+    return args
+''', "Change the default port from 8080 to 9000."),
+    ('''class BankAccount:
+    def __init__(self, owner, balance=0.0):
+        self.owner = owner
+        self.balance = balance
+        self.history = []
+
+    def deposit(self, amount):
+        if amount <= 0:
+            raise ValueError("deposit must be positive")
+        self.balance += amount
+        self.history.append(("deposit", amount))
+
+    def withdraw(self, amount):
+        self.balance -= amount
+        self.history.append(("withdraw", amount))
+
+    def statement(self):
+        return "\\n".join(f"{kind}: {amount:.2f}" for kind, amount in self.history)
+''', "Make withdraw raise ValueError when the amount is larger than the balance."),
+    ('''def merge_sorted(a, b):
+    result = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i] <= b[j]:
+            result.append(a[i])
+            i += 1
+        else:
+            result.append(b[j])
+            j += 1
+    result.extend(a[i:])
+    result.extend(b[j:])
+    return result
+''', "Rename the arguments a and b to left and right."),
+    ('''import csv
+
+
+def load_users(path):
+    users = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        for row in reader:
+            user = {
+                "name": row["name"].strip(),
+                "email": row["email"].strip().lower(),
+                "age": int(row["age"]),
+            }
+            users.append(user)
+    return users
+''', "Skip rows whose email is empty."),
+    ('''class Stack:
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def pop(self):
+        if not self.items:
+            raise IndexError("pop from an empty stack")
+        return self.items.pop()
+
+    def peek(self):
+        if not self.items:
+            raise IndexError("peek at an empty stack")
+        return self.items[-1]
+
+    def __len__(self):
+        return len(self.items)
+''', "Add an is_empty method."),
+    ('''def binary_search(items, target):
+    low, high = 0, len(items) - 1
+    while low <= high:
+        middle = (low + high) // 2
+        if items[middle] == target:
+            return middle
+        if items[middle] < target:
+            low = middle + 1
+        else:
+            high = middle - 1
+    return None
+''', "Return -1 instead of None when the target is missing."),
+    ('''def format_report(rows):
+    lines = ["Name       Score  Grade"]
+    for row in rows:
+        score = row["score"]
+        if score >= 90:
+            grade = "A"
+        elif score >= 80:
+            grade = "B"
+        elif score >= 70:
+            grade = "C"
+        else:
+            grade = "F"
+        lines.append(f"{row['name']:<10} {score:>5}  {grade}")
+    return "\\n".join(lines)
+''', "Add a grade D for scores from 60 to 69."),
+    ('''import time
+
+
+def retry(func, attempts=3, delay=1.0):
+    last_error = None
+    for attempt in range(attempts):
+        try:
+            return func()
+        except Exception as error:
+            last_error = error
+            time.sleep(delay)
+    raise RuntimeError(f"failed after {attempts} attempts") from last_error
+''', "Double the delay after each failed attempt."),
+]
+CODE_EDIT_LONG = [f"{change} Return the whole code.\n\n```python\n{code}```"
+                  for code, change in _LONG_FUNCTIONS]
+
 _PASSAGE = ("The Apollo 11 mission launched on July 16, 1969, from Kennedy Space Center. Neil "
             "Armstrong and Buzz Aldrin landed the lunar module Eagle on the Moon on July 20, while "
             "Michael Collins stayed in orbit aboard the command module Columbia. The crew returned "
@@ -97,6 +227,7 @@ EXTRACT = [f"{_PASSAGE}\n\n{question}" for question in (
 PROMPT_SETS = {
     "chat": CHAT,              # 16 instructions (use with chat_template=True)
     "code-edit": CODE_EDIT,    # 8 code-editing instructions (chat_template=True)
+    "code-edit-long": CODE_EDIT_LONG,  # 8 edits of longer functions (chat_template=True)
     "extract": EXTRACT,        # 4 extraction questions on one passage (chat_template=True)
     "chat-small": CHAT[:4],
     "python": PYTHON,          # 16 prompts

@@ -18,7 +18,7 @@ from absl.testing import absltest, parameterized
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = ("tiny", "default", "leviathan", "chen", "compare_hf", "bench", "self_speculative",
            "tree", "eagle2_tree", "spectr", "prompt_lookup", "jacobi", "lookahead", "retrieval",
-           "smollm2")
+           "smollm2", "draft_free")
 FAIL_FAST_SECONDS = 30  # generous for a loaded machine; a bad config takes ~0.3s when idle
 
 
