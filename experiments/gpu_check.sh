@@ -12,6 +12,8 @@
 #   2. the benchmark pair, greedy, gamma 1/2/4, batch 4 and batch 1 (speedup, measured vs
 #      theoretical, greedy=AR: speculative tokens identical to autoregressive ones);
 #   3. the default pair, batch 4 (its config as is: T=0 and T=1) and batch 1 (greedy);
+#   3b. every other method on the benchmark pair, batch 1, greedy: a static and an EAGLE-2 tree,
+#      SpecTr, self-speculative (one middle layer skipped), prompt lookup, lookahead, Jacobi;
 #   4. decoding steps of a ~1B random Llama in bf16 against the memory roofline
 #      (experiments/roofline.py, batch 1 and 64);
 #   5. the speculative-decoding tests (exact laws by enumeration, the law harness's statistical
@@ -68,6 +70,14 @@ stage default_b1 120 "$PY" -m experiments.run --config=configs/leviathan.py $PAI
   --config.target="$DEFAULT_DIR/target" --config.draft="$DEFAULT_DIR/draft" --config.gammas=1,2,4 \
   --config.temperatures=0.0 --config.num_prompts=4 --config.output_dir="$RUNS/default_b1" \
   --config.repeats=3 $COMMON
+# Trees, SpecTr, self-speculative and the draft-free methods: on an accelerator a pass over the
+# tree's or window's tokens costs about one step, which this CPU cannot show.
+stage methods_b1 240 "$PY" -m experiments.run \
+  --config=configs/bench.py:batch_size=1,trees=full:2x2/dynamic:4x4x12/spectr:4x3,lookahead=4x3x4 \
+  --config.target="$TARGET" --config.draft="$DRAFT" --config.gammas=3 --config.temperatures=0.0 \
+  --config.methods=autoregressive,speculative,tree,self_speculative,prompt_lookup,lookahead,jacobi \
+  --config.skip=3 \
+  --config.num_prompts=4 --config.output_dir="$RUNS/methods_b1" --config.repeats=3 $COMMON
 # Decode steps of a ~1B random Llama in bf16 at batch 1 and 64 against the memory roofline
 # (bytes per step / the device's measured copy bandwidth; issue floor: >= 0.6 at batch 1).
 stage roofline 180 "$PY" -m experiments.roofline --out="$RUNS/roofline.json" ${ROOFLINE_ARGS:-}

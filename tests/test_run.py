@@ -515,13 +515,14 @@ class GpuCheckScriptTest(absltest.TestCase):
     with tempfile.TemporaryDirectory() as tmp:
       proc = self._script(tmp, "tests/test_run.py::OverrideTest::test_get_config_arg")
       self.assertEqual(proc.returncode, 0, proc.stderr)
-      stages = ("info", "bench_b4", "bench_b1", "default_b4", "default_b1", "roofline", "tests")
+      stages = ("info", "bench_b4", "bench_b1", "default_b4", "default_b1", "methods_b1",
+                "roofline", "tests")
       for stage in stages:
         self.assertIn(f"=== {stage}: rc=0 ", proc.stdout)
-      for stage in stages[1:5]:
+      for stage in stages[1:6]:
         log = pathlib.Path(tmp, "out", f"{stage}.log").read_text()
         self.assertIn("[run] dry run:", log)
-        self.assertIn("speculative g=2 T=0", log)
+        self.assertIn("speculative g=2 T=0" if stage != "methods_b1" else "lookahead", log)
       self.assertTrue(pathlib.Path(tmp, "out", "reports.tgz").is_file())
       roofline = json.loads(pathlib.Path(tmp, "runs", "roofline.json").read_text())
       self.assertEqual([r["batch"] for r in roofline["rows"]], [1, 2])
