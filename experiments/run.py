@@ -425,6 +425,20 @@ def measure_step_costs(models: _Models | dict, batch: int, context: int, cache_l
   return result
 
 
+def draft_free_pass(config, setting: dict) -> int:
+  """Tokens a draft-free setting's target pass scores besides the pending one (0: not draft-free):
+  its guesses (prompt lookup, Jacobi), its tree's nodes (retrieval) or its window and n-grams
+  (lookahead)."""
+  method = setting["method"]
+  if method in ("prompt_lookup", "jacobi"):
+    return int(setting["gamma"])
+  if method == "retrieval":
+    return int(config.retrieval_nodes)
+  if method == "lookahead":
+    return runconfig.lookahead_tokens(setting["tree"])
+  return 0
+
+
 def modelled_speedup(alpha: float, gamma: int, iteration_cost: float, busy: float = 1.0) -> float:
   """The runs' cost model: Eq. 1's expected tokens per iteration (Leviathan et al. 2023) over a
   bare iteration's measured cost in target steps (``measure_step_costs``), times the rows kept
@@ -786,13 +800,15 @@ def run_experiment(config, command: str | None = None) -> dict:
           widths=(1,) + tuple(g + 1 for g in gammas), gammas=gammas)
       _log(f"[run]   self-speculative draft (skip {list(config.skip)}): c = "
            f"{cost['self_speculative']['cost_ratio']:.3f}")
-    if "retrieval" in config.methods:  # no draft: what its pass over [pending, nodes] costs
-      nodes = int(config.retrieval_nodes)
-      cost["retrieval"] = measure_step_costs({"target": models.sj["target"]}, bsz, context,
-                                             cache_len + nodes, widths=(1, nodes + 1))
-      passes = cost["retrieval"]
-      v = passes["target_verify_ms"][str(nodes)] / passes["target_step_ms"]
-      _log(f"[run]   retrieval: a pass over 1 + {nodes} tokens costs {v:.2f} target steps")
+    passes = sorted({n for s in settings for n in [draft_free_pass(config, s)] if n})
+    if passes:  # no draft: what a pass over [pending, N guesses] costs the target
+      cost["draft_free"] = measure_step_costs({"target": models.sj["target"]}, bsz, context,
+                                              cache_len + max(passes),
+                                              widths=(1, *(n + 1 for n in passes)))
+      steps = cost["draft_free"]
+      _log("[run]   draft-free passes, in target steps: " + ", ".join(
+          f"1 + {n} tokens {steps['target_verify_ms'][str(n)] / steps['target_step_ms']:.2f}"
+          for n in passes))
 
     runner = _Runner(config, models, prompt_width=max(prompt_lengths))
     records = [dict(s, warmup_s=0.0, times=[], tokens=[], stats=_StatsSum(), outputs=None)
@@ -931,14 +947,19 @@ def run_experiment(config, command: str | None = None) -> dict:
           e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]
       if a is not None:
         e["expected_tokens_per_call"] = metrics.expected_tokens_per_iteration(a, e["gamma"])
-    if e["method"] in ("tree", "retrieval"):
+    if e["method"] == "tree" or draft_free_pass(config, e):
       if e["method"] == "tree":
         nodes, pass_cost = runconfig.tree_nodes(e["tree"]), cost
       else:
-        nodes, pass_cost = int(config.retrieval_nodes), cost["retrieval"]
+        nodes, pass_cost = draft_free_pass(config, e), cost.get("draft_free", {})
       verify_ms = (pass_cost.get("target_verify_ms") or {}).get(str(nodes))
       if verify_ms is not None:  # the pass over [pending, N nodes] in target steps
         e["verify_cost"] = verify_ms / pass_cost["target_step_ms"]
+        if e["method"] != "tree":  # no draft: an iteration is that one pass
+          base_busy = (base or {}).get("row_utilisation", 1.0)
+          busy = e["row_utilisation"] / (base_busy if math.isfinite(base_busy) else 1.0)
+          e["modelled_speedup"] = e["tokens_per_iteration"] / e["verify_cost"] * busy
+          e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]
     if e["mesh"]:  # the same setting on one device: its speed, and the very same tokens
       alone = find(e["method"], e["temperature"], e["gamma"], e["tree"])
       if alone is not None:

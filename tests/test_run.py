@@ -498,6 +498,31 @@ class TreeRunTest(absltest.TestCase):
     self.assertIn("## Trees and multi-draft methods", md)
     self.assertIn("tree spectr:2x2", report.format_table(results))
 
+  def test_draft_free_settings_get_the_cost_model(self):
+    """Every draft-free setting: v = the measured pass over 1 + its guesses in target steps, and
+    the modelled speedup = tokens per iteration / v (times the rows kept busy)."""
+    from experiments import run
+
+    config = _load_config_module("tiny").get_config(
+        "methods=autoregressive/prompt_lookup/jacobi/lookahead,gamma=2,lookahead=2x2x2,"
+        "temperature=0,repeats=1,n=8,batch=2,num_prompts=2,plots=false,progress=false")
+    with tempfile.TemporaryDirectory() as tmp:
+      config.output_dir = tmp
+      results = run.run_experiment(config)
+    passes = results["cost"]["draft_free"]
+    widths = {"prompt_lookup": 2, "jacobi": 2, "lookahead": (2 + 2) * (2 - 1) - 1}
+    self.assertEqual(sorted(passes["target_verify_ms"]), sorted({str(n) for n in widths.values()}))
+    ar = [e for e in results["settings"] if e["method"] == "autoregressive"][0]
+    for e in results["settings"]:
+      if e["method"] == "autoregressive":
+        continue
+      v = passes["target_verify_ms"][str(widths[e["method"]])] / passes["target_step_ms"]
+      self.assertAlmostEqual(e["verify_cost"], v)
+      busy = e["row_utilisation"] / ar["row_utilisation"]
+      self.assertAlmostEqual(e["modelled_speedup"], e["tokens_per_iteration"] / v * busy)
+      self.assertAlmostEqual(e["measured_over_modelled"], e["speedup"] / e["modelled_speedup"])
+      self.assertEqual(e["greedy_match"], 1.0)
+
 
 class GpuCheckScriptTest(absltest.TestCase):
   """experiments/gpu_check.sh (run by hand on an accelerator): every stage's command line parses
