@@ -9,9 +9,11 @@ No draft model: the guesses are the tokens that followed the latest earlier occu
 row's last n-gram (n = max_ngram..1) in its own prompt and output, verified by the one-hot rule
 (exact). It pays where the answer copies the prompt: ``code-edit`` (a function given in the prompt,
 asked back with a change, the default here), ``extract`` (quoting a passage); ``chat`` is the
-plain-continuation control. gammas are the guesses per iteration (num_tokens). transformers'
-greedy/sampling ``generate`` and its own prompt lookup run on the same checkpoint and prompts
-(``ours/HF``: our tokens/s over theirs, same gamma and max_ngram).
+plain-continuation control. ``prompts=code-edit-long,max_prompt_tokens=320,n=128`` edits longer
+functions, where SmolLM2 copies most of its answer (docs/benchmarks.md: 2.40 tokens per call and
+1.46x our autoregressive decoding at gamma 3). gammas are the guesses per iteration
+(num_tokens). transformers' greedy/sampling ``generate`` and its own prompt lookup run on the same
+checkpoint and prompts (``ours/HF``: our tokens/s over theirs, same gamma and max_ngram).
 """
 
 from experiments import runconfig

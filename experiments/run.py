@@ -228,7 +228,7 @@ class _Models:
     """Token ids per prompt, cut to their last ``max_tokens``. ``chat``: each text becomes a user
     message in the tokenizer's chat template, ending where the assistant's reply starts."""
     bos = getattr(self.tokenizer, "bos_token_id", None) if add_bos and not chat else None
-    out = []
+    out, cut = [], []
     for text in texts:
       if chat:
         text = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
@@ -237,6 +237,11 @@ class _Models:
       if bos is not None:
         ids = [int(bos)] + ids
       out.append([int(i) for i in ids[-max_tokens:]])
+      if len(ids) > max_tokens:
+        cut.append(len(ids))
+    if cut:  # said, not silent: a chat prompt loses its template's head, a code prompt its start
+      _log(f"[run] {len(cut)} of {len(texts)} prompts ({min(cut)}-{max(cut)} tokens) are longer "
+           f"than max_prompt_tokens={max_tokens} and keep their last {max_tokens} tokens")
     return out
 
   def decode(self, ids) -> str:
