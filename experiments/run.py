@@ -444,6 +444,13 @@ def draft_free_pass(config, setting: dict) -> int:
   return 0
 
 
+def _busy_over_baseline(entry: dict, base: dict | None) -> float:
+  """The share of rows a setting kept busy, relative to its autoregressive baseline's (1 when
+  there is none or it is unknown): a batch iterates until its slowest row is done."""
+  base_busy = (base or {}).get("row_utilisation", 1.0)
+  return entry["row_utilisation"] / (base_busy if math.isfinite(base_busy) else 1.0)
+
+
 def modelled_speedup(alpha: float, gamma: int, iteration_cost: float, busy: float = 1.0) -> float:
   """The runs' cost model: Eq. 1's expected tokens per iteration (Leviathan et al. 2023) over a
   bare iteration's measured cost in target steps (``measure_step_costs``), times the rows kept
@@ -805,7 +812,7 @@ def run_experiment(config, command: str | None = None) -> dict:
           widths=(1,) + tuple(g + 1 for g in gammas), gammas=gammas)
       _log(f"[run]   self-speculative draft (skip {list(config.skip)}): c = "
            f"{cost['self_speculative']['cost_ratio']:.3f}")
-    passes = sorted({n for s in settings for n in [draft_free_pass(config, s)] if n})
+    passes = sorted({draft_free_pass(config, s) for s in settings} - {0})
     if passes:  # no draft: what a pass over [pending, N guesses] costs the target
       cost["draft_free"] = measure_step_costs({"target": models.sj["target"]}, bsz, context,
                                               cache_len + max(passes),
@@ -945,24 +952,23 @@ def run_experiment(config, command: str | None = None) -> dict:
           e["verify_cost"] = verify_ms / pair_cost["target_step_ms"]
         iteration_ms = (pair_cost.get("iteration_ms") or {}).get(str(e["gamma"]))
         if iteration_ms is not None:
-          base_busy = (base or {}).get("row_utilisation", 1.0)
-          busy = e["row_utilisation"] / (base_busy if math.isfinite(base_busy) else 1.0)
+          busy = _busy_over_baseline(e, base)
           e["iteration_cost"] = iteration_ms / pair_cost["target_step_ms"]
           e["modelled_speedup"] = modelled_speedup(a, e["gamma"], e["iteration_cost"], busy)
           e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]
       if a is not None:
         e["expected_tokens_per_call"] = metrics.expected_tokens_per_iteration(a, e["gamma"])
-    if e["method"] == "tree" or draft_free_pass(config, e):
+    guesses = draft_free_pass(config, e)
+    if e["method"] == "tree" or guesses:
       if e["method"] == "tree":
         nodes, pass_cost = runconfig.tree_nodes(e["tree"]), cost
       else:
-        nodes, pass_cost = draft_free_pass(config, e), cost.get("draft_free", {})
+        nodes, pass_cost = guesses, cost.get("draft_free", {})
       verify_ms = (pass_cost.get("target_verify_ms") or {}).get(str(nodes))
       if verify_ms is not None:  # the pass over [pending, N nodes] in target steps
         e["verify_cost"] = verify_ms / pass_cost["target_step_ms"]
         if e["method"] != "tree":  # no draft: an iteration is that one pass
-          base_busy = (base or {}).get("row_utilisation", 1.0)
-          busy = e["row_utilisation"] / (base_busy if math.isfinite(base_busy) else 1.0)
+          busy = _busy_over_baseline(e, base)
           e["modelled_speedup"] = e["tokens_per_iteration"] / e["verify_cost"] * busy
           e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]
     if e["mesh"]:  # the same setting on one device: its speed, and the very same tokens

@@ -477,16 +477,21 @@ class SearchSkipTest(absltest.TestCase):
 class TreeRunTest(absltest.TestCase):
   """The runner's tree method: a static tree, a dynamic tree and SpecTr on tiny random models."""
 
-  def test_tree_settings(self):
-    from experiments import report, run
+  def _run_tiny(self, arg: str) -> tuple[dict, str]:
+    """The tiny config with ``arg``, greedy, one short repeat: (results, report.md)."""
+    from experiments import run
 
     config = _load_config_module("tiny").get_config(
-        "methods=autoregressive/tree,trees=dynamic:2x2x3/spectr:2x2,temperature=0,"
-        "repeats=1,n=8,batch=2,num_prompts=2,plots=false,progress=false")
+        f"{arg},temperature=0,repeats=1,n=8,batch=2,num_prompts=2,plots=false,progress=false")
     with tempfile.TemporaryDirectory() as tmp:
       config.output_dir = tmp
       results = run.run_experiment(config)
-      md = pathlib.Path(tmp, "report.md").read_text()
+      return results, pathlib.Path(tmp, "report.md").read_text()
+
+  def test_tree_settings(self):
+    from experiments import report
+
+    results, md = self._run_tiny("methods=autoregressive/tree,trees=dynamic:2x2x3/spectr:2x2")
     trees = [e for e in results["settings"] if e["method"] == "tree"]
     self.assertEqual([e["tree"] for e in trees], ["dynamic:2x2x3", "spectr:2x2"])
     for e, nodes in zip(trees, (3, 4)):
@@ -501,14 +506,8 @@ class TreeRunTest(absltest.TestCase):
   def test_draft_free_settings_get_the_cost_model(self):
     """Every draft-free setting: v = the measured pass over 1 + its guesses in target steps, and
     the modelled speedup = tokens per iteration / v (times the rows kept busy)."""
-    from experiments import run
-
-    config = _load_config_module("tiny").get_config(
-        "methods=autoregressive/prompt_lookup/jacobi/lookahead,gamma=2,lookahead=2x2x2,"
-        "temperature=0,repeats=1,n=8,batch=2,num_prompts=2,plots=false,progress=false")
-    with tempfile.TemporaryDirectory() as tmp:
-      config.output_dir = tmp
-      results = run.run_experiment(config)
+    results, _ = self._run_tiny(
+        "methods=autoregressive/prompt_lookup/jacobi/lookahead,gamma=2,lookahead=2x2x2")
     passes = results["cost"]["draft_free"]
     widths = {"prompt_lookup": 2, "jacobi": 2, "lookahead": (2 + 2) * (2 - 1) - 1}
     self.assertEqual(sorted(passes["target_verify_ms"]), sorted({str(n) for n in widths.values()}))
