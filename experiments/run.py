@@ -150,13 +150,17 @@ def tree_method(spec: str, draft):
           sj.TreeSpeculative(draft, tree), tree.num_nodes)
 
 
-def retrieval_method(config, num_tokens: int):
+def retrieval_method(config, num_tokens: int, per_request: bool = False):
   """``sj.Retrieval`` over ``config.datastore`` (loaded once per directory; ``resolve_datastore``
-  has set it) with the config's tree sizes."""
+  has set it; "none": no datastore) with the config's tree sizes: REST, or with ``per_request``
+  SuffixDecoding (the rows' own text too, trees capped at ``max_spec_factor`` x the match)."""
   import specjax as sj
-  return sj.Retrieval(_load_datastore(config.datastore), num_tokens=num_tokens,
+  none = config.datastore == runconfig.NO_DATASTORE
+  factor = float(config.max_spec_factor) if per_request and config.max_spec_factor else None
+  return sj.Retrieval(None if none else _load_datastore(config.datastore), num_tokens=num_tokens,
                       nodes=int(config.retrieval_nodes), branches=int(config.retrieval_branches),
-                      max_suffix=int(config.max_suffix))
+                      max_suffix=int(config.max_suffix), per_request=per_request,
+                      max_spec_factor=factor)
 
 
 @functools.lru_cache(maxsize=2)
@@ -432,12 +436,12 @@ def measure_step_costs(models: _Models | dict, batch: int, context: int, cache_l
 
 def draft_free_pass(config, setting: dict) -> int:
   """Tokens a draft-free setting's target pass scores besides the pending one (0: not draft-free):
-  its guesses (prompt lookup, Jacobi), its tree's nodes (retrieval) or its window and n-grams
-  (lookahead)."""
+  its guesses (prompt lookup, Jacobi), its tree's nodes (retrieval, suffix) or its window and
+  n-grams (lookahead)."""
   method = setting["method"]
   if method in ("prompt_lookup", "jacobi"):
     return int(setting["gamma"])
-  if method == "retrieval":
+  if method in runconfig.RETRIEVAL_METHODS:
     return int(config.retrieval_nodes)
   if method == "lookahead":
     return runconfig.lookahead_tokens(setting["tree"])
@@ -522,8 +526,9 @@ class _Runner:
       elif s["method"] == "lookahead":
         w, n, g = runconfig.parse_lookahead_spec(s["tree"])
         self.methods[key] = ("target", sj.Lookahead(window=w, ngram=n, guesses=g))
-      elif s["method"] == "retrieval":
-        self.methods[key] = ("target", retrieval_method(self.config, int(s["gamma"])))
+      elif s["method"] in runconfig.RETRIEVAL_METHODS:
+        self.methods[key] = ("target", retrieval_method(self.config, int(s["gamma"]),
+                                                        per_request=s["method"] == "suffix"))
       elif s["method"] == "tree":
         self.methods[key] = ("target", tree_method(s["tree"], models["draft"])[1])
     return self.methods[key]

@@ -23,11 +23,14 @@ from experiments import prompts as prompts_lib
 
 # Decoding methods a config may list.
 SPECJAX_METHODS = ("autoregressive", "speculative", "draft_autoregressive", "self_speculative",
-                   "tree", "prompt_lookup", "jacobi", "lookahead", "retrieval")
+                   "tree", "prompt_lookup", "jacobi", "lookahead", "retrieval", "suffix")
 # Swept over gammas (guesses per iteration: prompt lookup's num_tokens, Jacobi's block;
 # retrieval's num_tokens, the depth of its tree).
 GAMMA_METHODS = ("speculative", "self_speculative", "hf_assisted", "prompt_lookup", "jacobi",
-                 "retrieval", "hf_prompt_lookup")
+                 "retrieval", "suffix", "hf_prompt_lookup")
+# sj.Retrieval: REST (the datastore) and SuffixDecoding (the datastore and each row's own text).
+RETRIEVAL_METHODS = ("retrieval", "suffix")
+NO_DATASTORE = "none"  # config.datastore for "suffix" on the rows' own text alone
 TREE_METHODS = ("tree",)  # swept over trees (tree specs: parse_tree_spec)
 DRAFT_METHODS = ("speculative", "draft_autoregressive", "hf_assisted", "tree")  # need config.draft
 TREE_KINDS = {"full": 2, "chains": 2, "comb": 2, "dynamic": 3, "spectr": 2, "naive": 2}
@@ -83,14 +86,17 @@ def base_config() -> ml_collections.ConfigDict:
   # Lookahead decoding (method "lookahead"), one setting per WxNxG spec: window columns x n-gram
   # size x guesses verified per pass (parse_lookahead_spec), e.g. ("5x3x5", "7x4x7").
   c.lookahead = ()
-  # Retrieval (method "retrieval", REST: sj.Retrieval), swept over gammas (num_tokens). datastore:
-  # a directory written by experiments/build_datastore.py; "" = the Python stdlib's sources
-  # (datastore_bytes of them) tokenized with the target's tokenizer, built on first use.
+  # Retrieval (method "retrieval", REST: sj.Retrieval; method "suffix", SuffixDecoding: the same
+  # with per_request=True, each row's own text beside the datastore), swept over gammas
+  # (num_tokens). datastore: a directory written by experiments/build_datastore.py; "" = the
+  # Python stdlib's sources (datastore_bytes of them) tokenized with the target's tokenizer, built
+  # on first use; "none" (method "suffix" only) = the rows' own text alone.
   c.datastore = ""
   c.datastore_bytes = 4_000_000
   c.retrieval_nodes = 16  # tokens verified per pass (>= every gamma)
   c.retrieval_branches = 4  # children per node at most
   c.max_suffix = 12  # the longest suffix of the text looked up
+  c.max_spec_factor = 1.0  # "suffix": tree depth <= this x the match length (0 = no cap)
   # Sampling: every method runs at every temperature (0 = greedy); top_k / top_p apply to all.
   c.temperatures = (0.0, 1.0)
   c.top_k = 0
@@ -295,11 +301,18 @@ def validate(config) -> None:
     if len(set(specs)) != len(specs):
       raise ConfigError(f"{field} lists a spec twice: {list(specs)}")
   _check_int(config, "max_ngram", 1)
-  if "retrieval" in methods:
+  if set(RETRIEVAL_METHODS) & set(methods):
     for name in ("retrieval_branches", "max_suffix", "datastore_bytes"):
       _check_int(config, name, 1)
     _check_int(config, "retrieval_nodes", max(config.gammas))
-    if config.datastore:
+    factor = config.max_spec_factor
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor < 1e9:
+      raise ConfigError(f"max_spec_factor must be a number >= 0 (0 = no cap), got {factor!r}")
+    if config.datastore == NO_DATASTORE:
+      if "retrieval" in methods:
+        raise ConfigError(f"method 'retrieval' needs a datastore; datastore={NO_DATASTORE!r} "
+                          f"only serves method 'suffix' (the rows' own text)")
+    elif config.datastore:
       datastore_vocab(config.datastore)
   meshes = tuple(config.meshes)
   if not meshes:
@@ -400,12 +413,14 @@ def datastore_vocab(path: str) -> int:
 
 
 def resolve_datastore(config, target: ModelSpec, verbose: bool = True) -> None:
-  """Sets ``config.datastore`` for method "retrieval": the stdlib datastore of the target's
-  tokenizer (``experiments.build_datastore.ensure_datastore``, built on first use) when empty;
-  its vocabulary must be the target's."""
+  """Sets ``config.datastore`` for methods "retrieval" and "suffix": the stdlib datastore of the
+  target's tokenizer (``experiments.build_datastore.ensure_datastore``, built on first use) when
+  empty; its vocabulary must be the target's."""
+  if config.datastore == NO_DATASTORE:
+    return
   if not config.datastore:
     if target.path is None or config.tokenizer == "bytes":
-      raise ConfigError(f"method 'retrieval' with the byte tokenizer (target {target.spec}) needs "
+      raise ConfigError(f"methods 'retrieval' and 'suffix' with the byte tokenizer (target {target.spec}) needs "
                         f"datastore=<dir> (python -m experiments.build_datastore)")
     from experiments import build_datastore
     named = target.spec != DEFAULT and _is_named(target.spec)  # e.g. smollm2-135m
@@ -525,7 +540,7 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
     raise ConfigError(f"vocabulary mismatch: target {specs['target'].spec} has vocab_size "
                       f"{specs['target'].vocab_size}, draft {specs['draft'].spec} has "
                       f"{specs['draft'].vocab_size}; target and draft must share one tokenizer")
-  if "retrieval" in config.methods:
+  if set(RETRIEVAL_METHODS) & set(config.methods):
     resolve_datastore(config, specs["target"], verbose)
   hf = specs["target"].hf_config
   layers = hf.get("num_hidden_layers", hf.get("n_layer"))
@@ -535,7 +550,8 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
                         f"(indices 0..{layers - 1}, at least one kept)")
   room = max([*tuple(config.gammas), *(tree_nodes(t) for t in config.trees),
               *(lookahead_tokens(spec) for spec in config.lookahead),
-              *((config.retrieval_nodes,) if "retrieval" in config.methods else ()), 0])
+              *((config.retrieval_nodes,) if set(RETRIEVAL_METHODS) & set(config.methods)
+                else ()), 0])
   need = config.max_prompt_tokens + config.max_new_tokens + room + 2
   for s in specs.values():
     if need > s.max_positions:

@@ -172,24 +172,44 @@ class Retrieval:
   ``branches`` children per node, counted over at most ``samples`` occurrences), verified in one
   target pass (``specjax.proposers.retrieval``).
 
+  ``per_request=True`` adds SuffixDecoding's per-request source (Oliaro et al. 2024, arXiv
+  2411.04975): the same tree built from the row's own text (prompt + output so far), and each
+  row takes, per pass, the tree whose nodes' estimated probabilities sum higher. With
+  ``datastore=None`` the row's own text is the only source. ``max_spec_factor`` (SuffixDecoding's,
+  which uses 1.0) caps a tree's depth at that factor times the length of the match it came from;
+  ``None``: no cap (REST).
+
   No draft model; the tree is deterministic, verified by the one-hot rule (ALGORITHMS.md §4-5):
   lossless at any temperature, the greedy tokens at T = 0. It pays where the output repeats text
-  the datastore holds (code, boilerplate, a domain's phrases); a row whose text matches nothing
-  gets an empty tree (one token per pass, as without speculation).
+  the datastore (or the row's own text) holds: code, boilerplate, a domain's phrases; a row whose
+  text matches nothing gets an empty tree (one token per pass, as without speculation).
   """
 
-  datastore: Datastore
+  datastore: Datastore | None
   num_tokens: int = 6
   nodes: int = 16
   branches: int = 4
   max_suffix: int = 12
   samples: int = 64
+  per_request: bool = False
+  max_spec_factor: float | None = None
   name = "retrieval"
 
   def __post_init__(self):
-    if not isinstance(self.datastore, Datastore):
-      raise ValueError(f"datastore must be an sj.Datastore (sj.Datastore.build / load), got "
-                       f"{type(self.datastore).__name__}")
+    if self.datastore is None:
+      if not self.per_request:
+        raise ValueError("datastore=None needs per_request=True (the row's own text as the only "
+                         "source); otherwise pass an sj.Datastore")
+    elif not isinstance(self.datastore, Datastore):
+      raise ValueError(f"datastore must be an sj.Datastore (sj.Datastore.build / load) or None, "
+                       f"got {type(self.datastore).__name__}")
+    if not isinstance(self.per_request, bool):
+      raise ValueError(f"per_request must be True or False, got {self.per_request!r}")
+    factor = self.max_spec_factor
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                               or not 0 < factor < float("inf")):
+      raise ValueError(f"max_spec_factor must be a positive number (tree depth per matched "
+                       f"token) or None, got {factor!r}")
     check_count(self.num_tokens, "num_tokens", "the deepest guess: tokens per continuation")
     check_count(self.nodes, "nodes", "tokens verified per pass")
     check_count(self.branches, "branches", "children per node")
@@ -215,7 +235,7 @@ class Retrieval:
   def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
     del width, max_new_tokens, what  # generate checked the context
     vocab = target.config.vocab_size
-    if self.datastore.vocab_size != vocab:
+    if self.datastore is not None and self.datastore.vocab_size != vocab:
       raise ValueError(f"datastore vocabulary size {self.datastore.vocab_size} (tokenizer "
                        f"{self.datastore.tokenizer or 'unnamed'}) differs from the target's "
                        f"{vocab}; build the datastore with the target's tokenizer")
@@ -223,7 +243,10 @@ class Retrieval:
     check_guesses(self.nodes, "nodes", target)
 
   def proposer(self, target: Transformer):
-    del target
-    return RetrievalProposer(num_tokens=self.num_tokens, nodes=self.nodes, branches=self.branches,
-                             max_suffix=self.max_suffix, samples=self.samples,
-                             vocab_size=self.datastore.vocab_size), self.datastore.device_arrays
+    store = self.datastore
+    proposer = RetrievalProposer(
+        num_tokens=self.num_tokens, nodes=self.nodes, branches=self.branches,
+        max_suffix=self.max_suffix, samples=self.samples,
+        vocab_size=target.config.vocab_size, per_request=self.per_request,
+        max_spec_factor=None if self.max_spec_factor is None else float(self.max_spec_factor))
+    return proposer, None if store is None else store.device_arrays

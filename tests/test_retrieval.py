@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import pathlib
+import re
 import tempfile
 
 import jax
@@ -140,34 +141,62 @@ class PiecesTest(parameterized.TestCase):
           self.assertEqual(lo_best[b], hi_best[b])
       self.assertIn(max_suffix, match.tolist())
 
-  # (vocab, samples, depth, nodes, branches, seed): ranges larger than the samples (strided)
-  # and smaller (all of them), a narrow and an unlimited branching, chains (branches 1).
-  @parameterized.parameters((3, 8, 3, 6, 2, 0), (4, 40, 2, 12, 40, 2), (2, 3, 5, 15, 1, 3))
-  def test_tree_against_a_python_trie(self, vocab, samples, depth, nodes, branches, seed):
+  # (vocab, samples, depth, nodes, branches, seed, per_request, max_spec_factor): ranges larger
+  # than the samples (strided) and smaller (all of them), a narrow and an unlimited branching,
+  # chains (branches 1); the datastore alone (REST), with the row's own text (SuffixDecoding,
+  # capped and not), and the row's own text alone (no datastore).
+  @parameterized.parameters((3, 8, 3, 6, 2, 0, False, None), (4, 40, 2, 12, 40, 2, False, None),
+                            (2, 3, 5, 15, 1, 3, False, None), (3, 8, 3, 6, 2, 4, True, 1.0),
+                            (2, 6, 4, 10, 3, 5, True, None), (3, 5, 3, 6, 2, 6, "own", 0.5))
+  def test_tree_against_a_python_trie(self, vocab, samples, depth, nodes, branches, seed,
+                                      per_request, max_spec_factor):
     rng = np.random.default_rng(seed)
     store = random_store(rng, vocab, 30, 400)
     corpus = store.tokens.tolist()
     order = naive_sorted_suffixes(corpus)
-    rows = [rng.integers(0, vocab, rng.integers(1, 6)).tolist() for _ in range(16)]
+    width = 14 if per_request else 8
+    rows = [rng.integers(0, vocab, rng.integers(1, width - 1)).tolist() for _ in range(16)]
     proposer = RetrievalProposer(num_tokens=depth, nodes=nodes, branches=branches, max_suffix=4,
-                                 samples=samples, vocab_size=vocab)
-    candidates, match, counts = jax.jit(proposer.tree)(store.device_arrays, *ragged(rows, 8))
+                                 samples=samples, vocab_size=vocab,
+                                 per_request=bool(per_request), max_spec_factor=max_spec_factor)
+    params = None if per_request == "own" else store.device_arrays
+    candidates, match, counts = jax.jit(proposer.tree)(params, *ragged(rows, width))
     counts = np.asarray(counts)
     tokens = np.asarray(candidates.tokens)
     children = np.asarray(candidates.row_trees.children)
     mask = np.asarray(candidates.row_trees.verification_mask)
     depths = np.asarray(candidates.row_trees.verification_depths)
+    won = set()  # which source's tree the rows got
     for b, row in enumerate(rows):
-      m = int(match[b])
-      where = set(naive_occurrences(corpus, row[-m:])) if m else set()
-      occ = [i for i in order if i in where]  # in suffix order
-      c = len(occ)
-      picks = [occ[i if c <= samples else i * c // samples] for i in range(min(c, samples))]
-      follows = []
-      for pos in picks:
-        cont = corpus[pos + m:pos + m + depth]
-        follows.append(tuple(cont[:cont.index(vocab)] if vocab in cont else cont))
-      expected = reference_trie(follows, nodes, branches)
+      sources = []  # (match length, continuations in sample order)
+      if params is not None:
+        m = max([k for k in range(1, min(4, len(row)) + 1)
+                 if naive_occurrences(corpus, row[-k:])], default=0)
+        where = set(naive_occurrences(corpus, row[-m:])) if m else set()
+        occ = [i for i in order if i in where]  # in suffix order
+        c = len(occ)
+        picks = [occ[i if c <= samples else i * c // samples] for i in range(min(c, samples))]
+        follows = []
+        for pos in picks:
+          cont = corpus[pos + m:pos + m + depth]
+          follows.append(tuple(cont[:cont.index(vocab)] if vocab in cont else cont))
+        sources.append((m, follows))
+      if per_request:  # earlier occurrences in the row itself, the most recent first
+        m = max([k for k in range(1, min(4, len(row) - 1) + 1)
+                 if any(row[c - k:c] == row[-k:] for c in range(k, len(row)))], default=0)
+        starts = [c for c in range(len(row) - 1, m - 1, -1) if m and row[c - m:c] == row[-m:]]
+        sources.append((m, [tuple(row[c:c + depth]) for c in starts[:samples]]))
+      best = None
+      for source, (m, follows) in enumerate(sources):
+        if max_spec_factor is not None:
+          follows = [f[:int(m * max_spec_factor + 1e-6)] for f in follows]
+        expected = reference_trie(follows, nodes, branches)
+        score = sum(n for _, n, _ in expected) / max(sum(1 for f in follows if f), 1)
+        if best is None or score >= best[0]:  # ties: the row's own text
+          best = (score, m, expected, follows, source)
+      _, m, expected, follows, source = best
+      won.add(source)
+      self.assertEqual(int(match[b]), m, msg=f"row {row}")
       got = []
       parent_of = {k: i for i, row_kids in enumerate(children[b]) for k in row_kids if k >= 0}
       for i in range(nodes):
@@ -182,6 +211,39 @@ class PiecesTest(parameterized.TestCase):
           self.assertNotIn(i, parent_of)
           self.assertEqual(counts[b, i], 0)
       self.assertEqual(got, expected, msg=f"row {row}, match {m}, continuations {follows}")
+    self.assertLen(won, 2 if per_request is True else 1)  # with both sources, each won a row
+
+  def test_per_request_choice_by_score(self):
+    """Both sources by hand: the tree with the higher sum of estimated probabilities wins, a tie
+    goes to the row's own text, and max_spec_factor's cap lowers a short match's score."""
+    store = sj.Datastore.build([[1, 3], [1, 3, 3], [1, 2, 4, 4]], vocab_size=5)
+    row = [1, 2, 4, 1]  # own text: 1 -> (2, 4, 1); datastore: 1 -> (3), (3, 3), (2, 4, 4)
+
+    def first_nodes(depth, nodes, factor=None):
+      proposer = RetrievalProposer(num_tokens=depth, nodes=nodes, branches=3, max_suffix=3,
+                                   samples=4, vocab_size=5, per_request=True,
+                                   max_spec_factor=factor)
+      candidates, match, counts = proposer.tree(store.device_arrays, *ragged([row], 4))
+      live = np.asarray(counts[0]) > 0
+      return np.asarray(candidates.tokens[0])[live].tolist(), int(match[0])
+
+    # Depth 1, 2 nodes: datastore 3 (2/3) and 2 (1/3) score 1, own text 2 (1/1) scores 1: a tie,
+    # to own text; with 1 node the datastore keeps 3 alone (2/3) and loses.
+    self.assertEqual(first_nodes(1, 2), ([2], 1))
+    self.assertEqual(first_nodes(1, 1), ([2], 1))
+    # Depth 2, 3 nodes: datastore 3 (2/3), 2 (1/3), 3-3 (1/3) = 4/3 < own 2, 2-4 = 2.
+    self.assertEqual(first_nodes(2, 3), ([2, 4], 1))
+    # A cap of 1 token per matched token: both sources one deep, the tie again to own text.
+    self.assertEqual(first_nodes(2, 3, factor=1.0), ([2], 1))
+    # Own text [1, 2, 3, 1, 2]: match (1, 2) of length 2, continuation (3, 1, 2); the datastore
+    # matches (1, 2) too, continued by (4, 4); at depth 3 both score 3 (own) and 2 (datastore).
+    proposer = RetrievalProposer(num_tokens=3, nodes=3, branches=3, max_suffix=3, samples=4,
+                                 vocab_size=5, per_request=True)
+    candidates, match, counts = proposer.tree(store.device_arrays, *ragged([[1, 2, 3, 1, 2]], 5))
+    self.assertEqual((np.asarray(candidates.tokens[0]).tolist(), int(match[0])), ([3, 1, 2], 2))
+    no_own = dataclasses.replace(proposer, per_request=False)
+    candidates, match, _ = no_own.tree(store.device_arrays, *ragged([[1, 2, 3, 1, 2]], 5))
+    self.assertEqual((np.asarray(candidates.tokens[0])[:2].tolist(), int(match[0])), ([4, 4], 2))
 
   def test_save_load_round_trip(self):
     store = sj.Datastore.build([[1, 2, 3], [], [3, 1]], vocab_size=5, tokenizer="toy",
@@ -223,6 +285,14 @@ class GreedyTest(absltest.TestCase):
     self.assertTrue(np.all(per_call > 1.5), msg=msg)
     s, per_call, msg = greedy_run(self, sj.Retrieval(noise, **kwargs))  # same compiled loop
     self.assertLess(s.tokens_per_target_call, 2.5, msg=msg)
+    noise_only = s.tokens_per_target_call
+    # SuffixDecoding: the rows' own text beside the noise, and alone. Rows 0 and 1 repeat
+    # themselves, so their own text pays where the noise does not.
+    s, per_call, msg = greedy_run(self, sj.Retrieval(noise, per_request=True, **kwargs))
+    self.assertGreater(s.tokens_per_target_call, noise_only, msg=msg)
+    s, own_per_call, msg = greedy_run(self, sj.Retrieval(None, per_request=True,
+                                                         max_spec_factor=1.0, **kwargs))
+    self.assertTrue(np.all(own_per_call[:2] > 1.5), msg=msg)
 
 
 # ----------------------------------------------------------------------------- 3. laws
@@ -233,6 +303,8 @@ LAW_CASES = (  # (name, method, sampling)
     ("t1", T1, S(1.0)),
     ("t07_topp", sj.Retrieval(LAW_STORE, num_tokens=2, nodes=6, branches=3, max_suffix=3,
                               samples=8), S(0.7, top_p=0.9)),
+    ("t1_per_request", sj.Retrieval(LAW_STORE, num_tokens=2, nodes=4, branches=2, max_suffix=3,
+                                    samples=8, per_request=True, max_spec_factor=1.0), S(1.0)),
 )
 
 
@@ -276,6 +348,16 @@ class ErrorsTest(parameterized.TestCase):
       sj.Retrieval(TINY_STORE, nodes=1025)
     with self.assertRaisesRegex(ValueError, r"^datastore must be an sj.Datastore .*, got list$"):
       sj.Retrieval([0, 1, 2])
+
+  def test_bad_suffix_decoding_settings(self):
+    with self.assertRaisesRegex(ValueError, r"^datastore=None needs per_request=True .*$"):
+      sj.Retrieval(None)
+    with self.assertRaisesRegex(ValueError, r"^per_request must be True or False, got 1$"):
+      sj.Retrieval(TINY_STORE, per_request=1)
+    for factor in (0, -1.0, float("inf"), float("nan"), True, "1"):
+      with self.assertRaisesRegex(ValueError, r"^max_spec_factor must be a positive number "
+                                  rf"\(.*\) or None, got {re.escape(repr(factor))}$"):
+        sj.Retrieval(TINY_STORE, per_request=True, max_spec_factor=factor)
 
   def test_refused_before_compiling(self):
     table = tabular_pair("mixed", 0)[0].logits_table
@@ -365,6 +447,18 @@ class RunnerTest(absltest.TestCase):
         runconfig.resolve_datastore(config, dataclasses.replace(target, vocab_size=7))
       config.datastore = tmp
       with self.assertRaisesRegex(runconfig.ConfigError, rf"^datastore {tmp} is not a datastore "):
+        runconfig.validate(config)
+      config.methods, config.datastore = ("suffix",), "none"  # the rows' own text alone
+      runconfig.validate(config)
+      runconfig.resolve_datastore(config, target)
+      self.assertEqual(config.datastore, "none")
+      config.methods = ("retrieval", "suffix")
+      with self.assertRaisesRegex(runconfig.ConfigError, r"^method 'retrieval' needs a datastore; "
+                                  r"datastore='none' only serves method 'suffix' "):
+        runconfig.validate(config)
+      config.methods, config.max_spec_factor = ("suffix",), -1.0
+      with self.assertRaisesRegex(runconfig.ConfigError, r"^max_spec_factor must be a number >= 0 "
+                                  r"\(0 = no cap\), got -1.0$"):
         runconfig.validate(config)
 
 

@@ -507,9 +507,10 @@ class TreeRunTest(absltest.TestCase):
     """Every draft-free setting: v = the measured pass over 1 + its guesses in target steps, and
     the modelled speedup = tokens per iteration / v (times the rows kept busy)."""
     results, _ = self._run_tiny(
-        "methods=autoregressive/prompt_lookup/jacobi/lookahead,gamma=2,lookahead=2x2x2")
+        "methods=autoregressive/prompt_lookup/jacobi/lookahead/suffix,gamma=2,lookahead=2x2x2,"
+        "datastore=none,retrieval_nodes=3")  # suffix: SuffixDecoding on the rows' own text
     passes = results["cost"]["draft_free"]
-    widths = {"prompt_lookup": 2, "jacobi": 2, "lookahead": (2 + 2) * (2 - 1) - 1}
+    widths = {"prompt_lookup": 2, "jacobi": 2, "lookahead": (2 + 2) * (2 - 1) - 1, "suffix": 3}
     self.assertEqual(sorted(passes["target_verify_ms"]), sorted({str(n) for n in widths.values()}))
     ar = [e for e in results["settings"] if e["method"] == "autoregressive"][0]
     for e in results["settings"]:

@@ -32,29 +32,37 @@ from specjax.proposers.base import CHAIN, Candidates
 from specjax.proposers.draft_free import DraftFreeChain, TokenHistory
 
 
-def lookup(text: jax.Array, lengths: jax.Array, max_ngram: int,
-           num_tokens: int) -> tuple[jax.Array, jax.Array]:
-  """The prompt-lookup guesses of each row of ``text[b, :lengths[b]]`` (lengths >= 1).
-
-  A fixed-size sliding comparison: for every continuation start c (the occurrence is
-  ``text[c - n:c]``, c < length so that something follows it), the common suffix of
-  ``text[:c]`` and ``text[:length]`` is counted up to ``max_ngram``; the longest count wins
-  (n from ``max_ngram`` down), ties go to the largest c (the most recent occurrence). Cost
-  B x L x max_ngram comparisons, no loop over positions.
-
-  Returns:
-    (int32[B, num_tokens] guesses ``text[c + j mod (length - c)]``, int32[B] the matched n, 0
-    when nothing matched and the guesses repeat the last token).
-  """
+def common_suffix_runs(text: jax.Array, lengths: jax.Array, max_n: int) -> jax.Array:
+  """int32[B, L]: for every position c < ``lengths[b]``, how many tokens (up to ``max_n``) the
+  text before c, ``text[b, :c]``, shares at its end with the row's whole text
+  ``text[b, :lengths[b]]``; 0 at c >= ``lengths[b]``. Run c = n > 0 says: the last n tokens also
+  occur at ``[c - n, c)``, followed by ``text[b, c]``. A fixed-size comparison, B x L x ``max_n``,
+  no loop over positions (prompt lookup's matches, SuffixDecoding's per-request occurrences)."""
   width = text.shape[1]
   c = jnp.arange(width, dtype=jnp.int32)
-  back = jnp.arange(1, max_ngram + 1, dtype=jnp.int32)  # k: compare text[c - k] with the k-th last
+  back = jnp.arange(1, max_n + 1, dtype=jnp.int32)  # k: compare text[c - k] with the k-th last
   before = c[:, None] - back[None, :]  # [L, K]
   window = text[:, jnp.maximum(before, 0)]  # [B, L, K]
   suffix = jnp.take_along_axis(text, jnp.maximum(lengths[:, None] - back[None, :], 0), axis=1)
   equal = (window == suffix[:, None, :]) & (before >= 0)[None]
   run = jnp.cumprod(equal.astype(jnp.int32), axis=-1).sum(-1)  # [B, L] common suffix length
-  run = jnp.where(c[None, :] < lengths[:, None], run, 0)
+  return jnp.where(c[None, :] < lengths[:, None], run, 0)
+
+
+def lookup(text: jax.Array, lengths: jax.Array, max_ngram: int,
+           num_tokens: int) -> tuple[jax.Array, jax.Array]:
+  """The prompt-lookup guesses of each row of ``text[b, :lengths[b]]`` (lengths >= 1).
+
+  For every continuation start c < length, the common suffix of ``text[:c]`` and
+  ``text[:length]`` up to ``max_ngram`` (``common_suffix_runs``); the longest wins (n from
+  ``max_ngram`` down), ties go to the largest c (the most recent occurrence).
+
+  Returns:
+    (int32[B, num_tokens] guesses ``text[c + j mod (length - c)]``, int32[B] the matched n, 0
+    when nothing matched and the guesses repeat the last token).
+  """
+  c = jnp.arange(text.shape[1], dtype=jnp.int32)
+  run = common_suffix_runs(text, lengths, max_ngram)
   ngram = run.max(axis=1)
   latest = jnp.max(jnp.where(run == ngram[:, None], c[None, :], -1), axis=1)
   start = jnp.where(ngram > 0, latest, lengths - 1)

@@ -21,6 +21,14 @@ Per row and iteration, with static shapes and no host round trip:
    (the most frequent ones). Ties go to the shallower prefix, then to the lexicographically
    smaller one (suffix-array order), so a prefix always ranks above its extensions and the kept
    set is a tree.
+4. **Per-request source** (SuffixDecoding; ``per_request=True``): the row's own text (prompt +
+   output so far) is a second corpus. Its longest earlier occurrence of the last m tokens
+   (``own_continuations``, the comparison prompt lookup makes) gives the continuations of the
+   ``samples`` most recent occurrences, and step 3 makes their trie. Each row then takes the
+   tree of the higher score (the sum of its nodes' estimated probabilities), as SuffixDecoding
+   picks between its per-request and global suffix trees; ``max_spec_factor`` caps a tree's
+   depth at that factor times its match length. Without a datastore, the row's text is the only
+   source (a token tree of prompt-lookup continuations, counted by frequency).
 
 The tree reaches the loop as a per-row ``RowTrees`` (like lookahead's); slots the trie leaves
 empty (few or no occurrences) are dead nodes, scored but in no children list. The candidates are
@@ -42,6 +50,7 @@ import numpy as np
 from specjax.proposers.base import TREE, Candidates
 from specjax.proposers.draft_free import TokenHistory
 from specjax.proposers.dynamic_tree import row_trees
+from specjax.proposers.prompt_lookup import common_suffix_runs
 
 # ----------------------------------------------------------------------------- the lookup
 
@@ -132,6 +141,31 @@ def longest_match(corpus: jax.Array, suffixes: jax.Array, text: jax.Array, lengt
   return best, lo, jnp.where(best > 0, hi, lo)
 
 
+def own_continuations(text: jax.Array, lengths: jax.Array, max_suffix: int, samples: int,
+                      depth: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """SuffixDecoding's per-request source: the row's own text (prompt + output so far) as a second
+  corpus. The longest m <= ``max_suffix`` such that the text's last m tokens occur earlier in it,
+  and the continuations of the ``samples`` most recent such occurrences, cut at the text's end.
+
+  Returns:
+    (int32[B] m (0: not even the last token occurs earlier), int32[B, S, D] tokens, bool[B, S, D]
+    valid), most recent occurrence first.
+  """
+  batch, width = text.shape
+  run = common_suffix_runs(text, lengths, max_suffix)  # [B, L]
+  match = run.max(axis=1)
+  c = jnp.arange(width, dtype=jnp.int32)
+  occurs = (run == match[:, None]) & (match[:, None] > 0)
+  starts, _ = jax.lax.top_k(jnp.where(occurs, c[None, :], -1), min(samples, width))
+  if samples > width:
+    starts = jnp.pad(starts, ((0, 0), (0, samples - width)), constant_values=-1)
+  position = starts[..., None] + jnp.arange(depth, dtype=jnp.int32)  # [B, S, D]
+  valid = (starts[..., None] >= 0) & (position < lengths[:, None, None])
+  tokens = jnp.take_along_axis(text, jnp.clip(position, 0, width - 1).reshape(batch, -1),
+                               axis=1).reshape(position.shape)
+  return match, jnp.where(valid, tokens, 0), valid
+
+
 # ----------------------------------------------------------------------------- the trie
 
 
@@ -192,8 +226,17 @@ def frequency_trie(tokens: jax.Array, valid: jax.Array, nodes: int,
 @dataclasses.dataclass(frozen=True)
 class RetrievalProposer:
   """The proposer of ``sj.Retrieval``: a tree of ``nodes`` tokens, ``num_tokens`` deep, from the
-  datastore passed as params ``(corpus, suffixes)`` (traced device arrays); its state is the
-  rows' text (``TokenHistory``)."""
+  datastore passed as params ``(corpus, suffixes)`` (traced device arrays; ``None``: no
+  datastore) and, with ``per_request``, from the row's own text (SuffixDecoding's per-request
+  tree); its state is the rows' text (``TokenHistory``).
+
+  With both sources each row gets the tree of the higher score, the sum of its nodes' estimated
+  probabilities (a node's count over the continuations counted: the expected number of accepted
+  tokens were the continuations the true law), ties to the row's own text: SuffixDecoding's rule
+  (Oliaro et al. 2024, §4; ArcticInference's ``SuffixDecodingCache.speculate``).
+  ``max_spec_factor`` caps a tree's depth at ``floor(factor x match length)`` (SuffixDecoding's
+  ``max_spec_factor``): a short match, weak evidence, gets a shallow tree and so a low score.
+  """
 
   num_tokens: int
   nodes: int
@@ -201,6 +244,8 @@ class RetrievalProposer:
   max_suffix: int
   samples: int
   vocab_size: int
+  per_request: bool = False
+  max_spec_factor: float | None = None
 
   draft_calls_per_iteration = 0
   prefill_draft_calls = 0
@@ -217,16 +262,39 @@ class RetrievalProposer:
     del params
     return TokenHistory.of_prompt(prompt, prompt_lengths, cache_length)
 
+  def _trie(self, match, follow, valid):
+    """(trie arrays, float32[B] score) of one source's continuations."""
+    if self.max_spec_factor is not None:
+      room = jnp.floor(match * self.max_spec_factor + 1e-6).astype(jnp.int32)
+      valid &= jnp.arange(self.num_tokens)[None, None, :] < room[:, None, None]
+    tokens, parents, ranks, depths, _, counts = frequency_trie(follow, valid, self.nodes,
+                                                               self.branches)
+    score = counts.sum(axis=1) / jnp.maximum(valid[:, :, 0].sum(axis=1), 1)
+    return (match, tokens, parents, ranks, depths, counts), score
+
   def tree(self, params, text: jax.Array, lengths: jax.Array):
     """The candidates for the texts ``text[b, :lengths[b]]``, with what they came from: (
     Candidates, int32[B] the matched suffix length, int32[B, N] each node's count: how many of
     the sampled continuations start with its path, 0 for a dead slot)."""
-    corpus, suffixes = params
-    match, lo, hi = longest_match(corpus, suffixes, text, lengths, self.max_suffix)
-    follow, valid = continuations(corpus, suffixes, lo, hi, match, self.samples, self.num_tokens,
-                                  self.vocab_size)
-    tokens, parents, ranks, depths, _, counts = frequency_trie(follow, valid, self.nodes,
-                                                               self.branches)
+    sources = []
+    if params is not None:
+      corpus, suffixes = params
+      match, lo, hi = longest_match(corpus, suffixes, text, lengths, self.max_suffix)
+      follow, valid = continuations(corpus, suffixes, lo, hi, match, self.samples,
+                                    self.num_tokens, self.vocab_size)
+      sources.append(self._trie(match, follow, valid))
+    if self.per_request:
+      sources.append(self._trie(*own_continuations(text, lengths, self.max_suffix, self.samples,
+                                                   self.num_tokens)))
+    if not sources:
+      raise ValueError("retrieval needs a datastore or per_request=True")
+    chosen, score = sources[0]
+    for other, other_score in sources[1:]:  # ties go to the later source: the row's own text
+      take = other_score >= score
+      chosen = jax.tree.map(lambda a, b: jnp.where(take.reshape((-1,) + (1,) * (a.ndim - 1)),
+                                                   b, a), chosen, other)
+      score = jnp.maximum(score, other_score)
+    match, tokens, parents, ranks, depths, counts = chosen
     trees = row_trees(parents, ranks, depths, self.branches, self.num_tokens)
     candidates = Candidates(tokens=tokens, q=None, kind=TREE, rule="one_hot", row_trees=trees)
     return candidates, match, counts
