@@ -408,7 +408,7 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
          "speculative over assisted generation, prompt lookup over its prompt lookup, at the same gamma); hf_* rows' speedup is vs "
          "hf_autoregressive; greedy=AR: "
          "fraction of prompts whose greedy tokens equal specjax autoregressive's; compile s: first "
-         "call minus a timed one.", "",
+         "call (on the first batch) minus that batch's median timed call.", "",
          _markdown_table(header, body), ""]
   trees = tree_table(results)
   if trees:

@@ -562,6 +562,34 @@ class GpuCheckScriptTest(absltest.TestCase):
       self.assertRegex(proc.stdout, r"=== tests: rc=[1-9]")
 
 
+class SpecTrExactTest(absltest.TestCase):
+  """experiments/spectr_exact.py on tiny random models: the laws it reads off the target's text,
+  and the comparison (the closed forms are checked against the verifier in test_spectr.py)."""
+
+  def test_laws_and_compare(self):
+    import numpy as np
+
+    from experiments import random_models, spectr_exact
+
+    target, draft = random_models.random_pair(seed=0)
+    prompts = [list(b"def f(x):"), list(b"import os")]
+    p, q = spectr_exact.position_laws(target, draft, prompts, max_new_tokens=5, temperature=1.0,
+                                      seed=0)
+    self.assertEqual(p.shape, (2 * 5, target.config.vocab_size))
+    np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
+    rows = spectr_exact.compare(p, q, [1, 3])
+    self.assertEqual([r["k"] for r in rows], [1, 3])
+    one, three = rows
+    self.assertAlmostEqual(one["k_seq"], float(np.minimum(p, q).sum(-1).mean()), delta=1e-5)
+    self.assertAlmostEqual(one["k_seq"], one["naive"], delta=1e-6)  # one draft: the same rule
+    for r in rows:
+      self.assertLessEqual(max(r["k_seq"], r["naive"]), r["bound"] + 1e-6)
+    self.assertGreater(three["k_seq"], one["k_seq"])  # more drafts, more accepted
+    same = spectr_exact.compare(p, p, [3])[0]  # the draft is the target: always accepted
+    self.assertAlmostEqual(same["k_seq"], 1.0, delta=1e-5)
+    self.assertAlmostEqual(same["naive"], 1.0, delta=1e-5)
+
+
 class TreeVsChainTest(absltest.TestCase):
   """experiments/tree_vs_chain.py: tree specs, and the comparison on tiny random models."""
 

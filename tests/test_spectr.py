@@ -7,6 +7,8 @@ errors. The walk's exact law by enumeration is in ``tests/test_tree_verify.py``.
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,6 +78,43 @@ class KSeqAlgebraTest(parameterized.TestCase):
     # q puts no mass where p does (beta > 0 but q = 0 on part of p's support).
     law, _, _ = single_position_law(p, np.array([0.9, 0.0, 0.0, 0.1]), 3)
     np.testing.assert_allclose(law, p, atol=1e-6)
+
+
+class ExactAcceptanceTest(parameterized.TestCase):
+  """``k_seq_acceptance`` / ``naive_acceptance`` (the closed forms experiments/spectr_exact.py
+  uses) against the verifier itself: every k-tuple of drafts enumerated with its probability
+  prod q(x_i), and for each, the chance that ``chains_core`` accepts one (1 - prod of its tested
+  drafts' rejection chances, read from its acceptance ratios with every uniform at 1, so that it
+  tests every draft as it would after rejections)."""
+
+  @parameterized.parameters("k_seq", "naive")
+  def test_against_the_verifier(self, selection):
+    rng = np.random.default_rng(3)
+    v = 4
+    closed = {"k_seq": jax.jit(spectr.k_seq_acceptance, static_argnums=2),
+              "naive": jax.jit(spectr.naive_acceptance, static_argnums=2)}[selection]
+    for k in (1, 2, 3):
+      table = sj.Tree.chains(num=k, depth=1).chain_table
+      core = jax.jit(lambda p, tokens, q: spectr.chains_core(
+          jnp.ones((1, k)), p, tokens, q, table, selection)[3])
+      for _ in range(4):
+        p, q = rng.dirichlet(np.full(v, 0.6), size=2)
+        if rng.random() < 0.3:
+          q[rng.integers(v)] = 0.0  # a token the draft never proposes
+          q /= q.sum()
+        p_rows = jnp.float32(np.tile(p, (k + 1, 1)))
+        q_rows = jnp.float32(np.tile(q, (k + 1, 1)))
+        exact = 0.0
+        for drafts in itertools.product(range(v), repeat=k):
+          weight = np.prod(q[list(drafts)])
+          if weight == 0:
+            continue
+          ratios = np.asarray(core(p_rows, jnp.int32(drafts), q_rows), np.float64)[0]
+          exact += weight * (1.0 - np.prod(1.0 - ratios))
+        self.assertAlmostEqual(float(closed(jnp.float32(p), jnp.float32(q), k)), exact,
+                               delta=1e-5, msg=f"k {k} p {p} q {q}")
+        bound = float(spectr.acceptance_bound(jnp.float32(p), jnp.float32(q), k))
+        self.assertLessEqual(exact, bound + 1e-6)
 
 
 class GreedyTest(parameterized.TestCase):

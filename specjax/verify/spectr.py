@@ -88,6 +88,33 @@ def k_seq_residual(p: jax.Array, q: jax.Array, rho: jax.Array, k: jax.Array | in
   return jnp.where(nonempty, r / jnp.where(nonempty, mass, 1.0), p)
 
 
+def k_seq_acceptance(p: jax.Array, q: jax.Array, k: jax.Array | int) -> jax.Array:
+  """float32[]: the probability that K-SEQ accepts one of ``k`` i.i.d. drafts from ``q`` when the
+  target's law is ``p``, ``1 - (1 - beta(rho*))^k``: exact, no sampling (to compare selections on
+  real laws without Monte Carlo noise, ``experiments/spectr_exact.py``)."""
+  return 1.0 - _miss(_beta(p, q, rho_star(p, q, k)), jnp.asarray(k, jnp.float32))
+
+
+def naive_acceptance(p: jax.Array, q: jax.Array, k: int) -> jax.Array:
+  """float32[]: the same for the naive rule (SpecInfer's, with replacement, ALGORITHMS.md §5).
+  Draft i is tested against ``r_i`` (``r_1 = p``) and accepted with probability
+  ``beta_i = sum_x min(r_i(x), q(x))``; a rejection moves r to ``norm((r_i - q)+)`` whichever
+  token was rejected, so the misses multiply: ``1 - prod_i (1 - beta_i)``."""
+  r, miss = jnp.asarray(p, jnp.float32), jnp.float32(1.0)
+  for _ in range(int(k)):
+    miss = miss * (1.0 - jnp.clip(jnp.sum(jnp.minimum(r, q)), 0.0, 1.0))
+    r = residual(r, q)
+  return 1.0 - miss
+
+
+def acceptance_bound(p: jax.Array, q: jax.Array, k: jax.Array | int) -> jax.Array:
+  """float32[]: ``sum_x min(p(x), 1 - (1 - q(x))^k)``, the most any rule can accept from ``k``
+  i.i.d. drafts while emitting ``p`` (token x can only be accepted when it was drafted, which
+  happens with probability ``1 - (1 - q(x))^k``): the optimal transport plan's value is at most
+  this, and K-SEQ reaches at least ``1 - (1 - 1/k)^k`` of the optimum."""
+  return jnp.sum(jnp.minimum(p, 1.0 - jnp.power(1.0 - q, jnp.asarray(k, jnp.float32))))
+
+
 def chains_core(u: jax.Array, p: jax.Array, tokens: jax.Array, q: jax.Array,
                 chain_table: np.ndarray, selection: str):
   """The decision logic over ``k`` i.i.d. chains, with the acceptance uniforms given.
