@@ -6,8 +6,9 @@ r"""Every draft-free method side by side on SmolLM2-135M-Instruct: issue 13's me
     python -m experiments.run --config=configs/draft_free.py:prompts=extract
 
 No draft model: Jacobi (block 3), Lookahead (W 4, N 3, G 4), prompt lookup (3 guesses, n-grams
-up to 3) and retrieval from a stdlib datastore (3 tokens deep, 8 nodes; built on first use), at
-T = 0 and T = 1, next to autoregressive decoding in the same run. The prompt sets: ``code-edit``
+up to 3), retrieval from a stdlib datastore (REST: 3 tokens deep, 8 nodes; built on first use)
+and SuffixDecoding (method ``suffix``: the same trees from the datastore and the row's own text),
+at T = 0 and T = 1, next to autoregressive decoding in the same run. The prompt sets: ``code-edit``
 (a function given in the prompt, asked back with a change), ``code-edit-long`` (longer functions,
 a change of a line or two), ``extract`` (quoting a passage) and ``chat`` (plain continuation).
 The report's ``v``/``meas/model`` columns put the measured cost of a pass over many tokens beside
@@ -24,7 +25,7 @@ def get_config(arg=None):
   c.prompts = "code-edit"
   c.chat_template = True
   c.max_prompt_tokens = 320
-  c.methods = ("autoregressive", "jacobi", "lookahead", "prompt_lookup", "retrieval")
+  c.methods = ("autoregressive", "jacobi", "lookahead", "prompt_lookup", "retrieval", "suffix")
   c.gammas = (3,)
   c.lookahead = ("4x3x4",)
   c.max_ngram = 3

@@ -562,6 +562,17 @@ class GpuCheckScriptTest(absltest.TestCase):
       self.assertRegex(proc.stdout, r"=== tests: rc=[1-9]")
 
 
+class DotShapesTest(absltest.TestCase):
+  """experiments/dot_shapes.py: the T-token pass timing on tiny shapes."""
+
+  def test_time_passes(self):
+    from experiments import dot_shapes
+
+    medians = dot_shapes.time_passes(hidden=8, mlp=16, layers=2, tokens=[1, 3], repeats=2)
+    self.assertEqual(sorted(medians), [1, 3])
+    self.assertTrue(all(m > 0 for m in medians.values()))
+
+
 class SpecTrExactTest(absltest.TestCase):
   """experiments/spectr_exact.py on tiny random models: the laws it reads off the target's text,
   and the comparison (the closed forms are checked against the verifier in test_spectr.py)."""
