@@ -231,9 +231,10 @@ class RetrievalProposer:
   tree); its state is the rows' text (``TokenHistory``).
 
   With both sources each row gets the tree of the higher score, the sum of its nodes' estimated
-  probabilities (a node's count over the continuations counted: the expected number of accepted
-  tokens were the continuations the true law), ties to the row's own text: SuffixDecoding's rule
-  (Oliaro et al. 2024, §4; ArcticInference's ``SuffixDecodingCache.speculate``).
+  probabilities (a node's count over the continuations counted; the sum is the expected number of
+  accepted tokens, were the continuations' frequencies the target's law), ties to the row's own
+  text: SuffixDecoding's rule (Oliaro et al. 2024, §4; ArcticInference's
+  ``SuffixDecodingCache.speculate``).
   ``max_spec_factor`` caps a tree's depth at ``floor(factor x match length)`` (SuffixDecoding's
   ``max_spec_factor``): a short match, weak evidence, gets a shallow tree and so a low score.
   """
