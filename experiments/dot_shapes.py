@@ -23,12 +23,14 @@ import time
 
 from absl import app, flags
 
+# --repeats is cost_split's flag (one registry: the side tools share their flags).
+from experiments import cost_split  # noqa: E402,F401  pylint: disable=wrong-import-position
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("hidden", 576, "model width (SmolLM2-135M: 576)")
 flags.DEFINE_integer("mlp", 1536, "MLP width (SmolLM2-135M: 1536)")
 flags.DEFINE_integer("layers", 30, "layers, each with its own weights (SmolLM2-135M: 30)")
 flags.DEFINE_list("tokens", ["1", "2", "4", "8", "16"], "tokens per pass (T)")
-flags.DEFINE_integer("repeats", 20, "timed calls per T, interleaved")
 
 
 def time_passes(hidden: int, mlp: int, layers: int, tokens, repeats: int) -> dict[int, float]:
@@ -78,4 +80,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  FLAGS.set_default("repeats", 20)
   app.run(main)

@@ -8,7 +8,7 @@
 End-to-end block efficiency (``experiments.tree_vs_chain --trees=spectr:8x4,naive:8x4``) mixes the
 selection rule with sampling noise: with a few hundred iterations per cell the two rules' tokens per
 call differ by less than their standard error. Here the rule is isolated and nothing is sampled
-but the text: the target writes ``--max_new_tokens`` tokens per prompt at ``--temperature``
+but the text: the target writes ``--text_tokens`` tokens per prompt at ``--temperature``
 (autoregressive, its own law), both models score that text (teacher forcing), and at every
 written position, with the target's law p and the draft's q there, the probability that one of k
 i.i.d. drafts from q is accepted is computed in closed form for K-SEQ (``1 - (1 - beta(rho*))^k``,
@@ -30,7 +30,7 @@ from experiments import cost_split  # noqa: E402,F401  pylint: disable=wrong-imp
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("ks", ["1", "2", "4", "8"], "numbers of i.i.d. drafts to compare")
-flags.DEFINE_integer("max_new_tokens", 64, "tokens the target writes per prompt")
+flags.DEFINE_integer("text_tokens", 64, "tokens the target writes per prompt")
 flags.DEFINE_integer("seed", 0, "sampling seed of the target's text")
 
 
@@ -93,13 +93,13 @@ def main(argv):
       raise ValueError(f"--ks must be integers >= 1, got {FLAGS.ks}")
     target, draft, prompts, specs = run.load_pair(
         FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens,
-        [1], FLAGS.temperature, FLAGS.max_new_tokens)
+        [1], FLAGS.temperature, FLAGS.text_tokens)
   except (runconfig.ConfigError, ValueError) as e:
     raise app.UsageError(str(e)) from None
-  p, q = position_laws(target, draft, prompts, FLAGS.max_new_tokens, FLAGS.temperature,
+  p, q = position_laws(target, draft, prompts, FLAGS.text_tokens, FLAGS.temperature,
                        FLAGS.seed)
   print(f"target {specs['target'].spec}, draft {specs['draft'].spec}; {len(prompts)} prompts x "
-        f"{FLAGS.max_new_tokens} tokens written by the target at T = {FLAGS.temperature}: "
+        f"{FLAGS.text_tokens} tokens written by the target at T = {FLAGS.temperature}: "
         f"{len(p)} positions; jax {jax.__version__} on {jax.default_backend()}")
   print(f"\n{'k':>3s} {'K-SEQ':>7s} {'naive':>7s} {'bound':>7s} {'K-SEQ - naive':>14s} "
         f"{'K-SEQ ahead':>12s} {'naive ahead':>12s}")
