@@ -23,9 +23,10 @@ per skip count.
 Cost. For the best set of each size, the draft's decoding step against the target's and a bare
 iteration per gamma, jitted and timed side by side (``run.measure_step_costs``, the runner's own
 measurement); the modelled speedup is the runner's (``run.modelled_speedup``: Eq. 1's tokens per
-iteration over the iteration's measured cost). The best (skip set, gamma) by modelled speedup is
-written as a runner config (``--output``; ``python -m experiments.run --config=<output>`` then
-runs it against autoregressive decoding).
+iteration over the iteration's measured cost). The best (skip set, gamma) by modelled speedup,
+among the non-empty skip sets (skipping none, the target drafting for itself, is the curve's
+reference), is written as a runner config (``--output``; ``python -m experiments.run
+--config=<output>`` then runs it against autoregressive decoding).
 
 ``--target``, ``--prompts``, ``--batch_size`` (the number of calibration prompts),
 ``--prompt_tokens``, ``--gammas`` and ``--temperature`` are ``experiments/cost_split.py``'s flags
@@ -210,7 +211,9 @@ def run_search(target_spec: str, prompts_spec: str, num_prompts: int, prompt_tok
   curve = search(target, text, scored, sampling, max_skip)
   rows = measure_curve(target, curve, prompts, gammas, tokens)
   print("\n" + format_curve(rows))
-  best = max(rows, key=lambda r: r["speedup"])
+  # Skipping nothing is the curve's reference (the target drafting for itself, c ~ 1), not a
+  # candidate: the choice is among the skip sets, whether or not one beats autoregressive decoding.
+  best = max([r for r in rows if r["skip"]] or rows, key=lambda r: r["speedup"])
   out = sj.generate(target, prompts, sj.SelfSpeculative(best["skip"], best["gamma"]), sampling,
                     max_new_tokens=tokens, key=jax.random.key(0))
   s = out.stats
