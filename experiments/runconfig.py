@@ -420,8 +420,9 @@ def resolve_datastore(config, target: ModelSpec, verbose: bool = True) -> None:
     return
   if not config.datastore:
     if target.path is None or config.tokenizer == "bytes":
-      raise ConfigError(f"methods 'retrieval' and 'suffix' with the byte tokenizer (target {target.spec}) needs "
-                        f"datastore=<dir> (python -m experiments.build_datastore)")
+      raise ConfigError(f"methods 'retrieval' and 'suffix' with the byte tokenizer (target "
+                        f"{target.spec}) need datastore=<dir> (python -m "
+                        f"experiments.build_datastore; 'suffix' also runs with datastore=none)")
     from experiments import build_datastore
     named = target.spec != DEFAULT and _is_named(target.spec)  # e.g. smollm2-135m
     tokenizer = config.tokenizer or (target.spec if named else target.path)

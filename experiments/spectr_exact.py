@@ -68,9 +68,9 @@ def compare(p: np.ndarray, q: np.ndarray, ks) -> list[dict]:
   rows = []
   for k in ks:
     k = int(k)
-    k_seq = np.asarray(jax.jit(jax.vmap(lambda a, b: spectr.k_seq_acceptance(a, b, k)))(p, q))
-    naive = np.asarray(jax.jit(jax.vmap(lambda a, b: spectr.naive_acceptance(a, b, k)))(p, q))
-    bound = np.asarray(jax.jit(jax.vmap(lambda a, b: spectr.acceptance_bound(a, b, k)))(p, q))
+    k_seq, naive, bound = (
+        np.asarray(jax.jit(jax.vmap(lambda a, b, f=f: f(a, b, k)))(p, q))
+        for f in (spectr.k_seq_acceptance, spectr.naive_acceptance, spectr.acceptance_bound))
     rows.append({"k": k, "k_seq": float(k_seq.mean()), "naive": float(naive.mean()),
                  "bound": float(bound.mean()),
                  "k_seq_ahead": float(np.mean(k_seq > naive + 1e-6)),
