@@ -883,7 +883,6 @@ def run_experiment(config, command: str | None = None) -> dict:
   results_settings = []
   for rec in records:
     tps = [n / t for n, t in zip(rec["tokens"], rec["times"])]
-    median_time = statistics.median(rec["times"])
     entry = {k: rec[k] for k in ("method", "gamma", "tree", "temperature", "top_k", "top_p",
                                  "mesh", "memory")}
     # The greedy/sampled outputs of the first timed repeat, to compare runs (e.g. one process

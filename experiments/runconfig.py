@@ -52,6 +52,11 @@ class ConfigError(ValueError):
   """A config problem, reported as one line before any heavy work."""
 
 
+def uses_retrieval(methods) -> bool:
+  """Whether ``methods`` lists a datastore method (``RETRIEVAL_METHODS``)."""
+  return any(m in RETRIEVAL_METHODS for m in methods)
+
+
 def base_config() -> ml_collections.ConfigDict:
   """Every field ``run.py`` reads, with its default."""
   c = ml_collections.ConfigDict()
@@ -301,7 +306,7 @@ def validate(config) -> None:
     if len(set(specs)) != len(specs):
       raise ConfigError(f"{field} lists a spec twice: {list(specs)}")
   _check_int(config, "max_ngram", 1)
-  if set(RETRIEVAL_METHODS) & set(methods):
+  if uses_retrieval(methods):
     for name in ("retrieval_branches", "max_suffix", "datastore_bytes"):
       _check_int(config, name, 1)
     _check_int(config, "retrieval_nodes", max(config.gammas))
@@ -541,7 +546,7 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
     raise ConfigError(f"vocabulary mismatch: target {specs['target'].spec} has vocab_size "
                       f"{specs['target'].vocab_size}, draft {specs['draft'].spec} has "
                       f"{specs['draft'].vocab_size}; target and draft must share one tokenizer")
-  if set(RETRIEVAL_METHODS) & set(config.methods):
+  if uses_retrieval(config.methods):
     resolve_datastore(config, specs["target"], verbose)
   hf = specs["target"].hf_config
   layers = hf.get("num_hidden_layers", hf.get("n_layer"))
@@ -551,8 +556,7 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
                         f"(indices 0..{layers - 1}, at least one kept)")
   room = max([*tuple(config.gammas), *(tree_nodes(t) for t in config.trees),
               *(lookahead_tokens(spec) for spec in config.lookahead),
-              *((config.retrieval_nodes,) if set(RETRIEVAL_METHODS) & set(config.methods)
-                else ()), 0])
+              *((config.retrieval_nodes,) if uses_retrieval(config.methods) else ()), 0])
   need = config.max_prompt_tokens + config.max_new_tokens + room + 2
   for s in specs.values():
     if need > s.max_positions:
