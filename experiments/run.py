@@ -131,7 +131,7 @@ def tree_method(spec: str, draft):
   """(label, method, nodes verified per call) for a tree spec (``runconfig.parse_tree_spec``):
   ``sj.TreeSpeculative`` over a static or dynamic tree, or ``sj.SpecTr`` (K-SEQ / naive)."""
   import specjax as sj
-  kind, sizes = runconfig.parse_tree_spec(spec)
+  kind, sizes, children = runconfig.parse_tree_spec(spec)
   if kind in ("spectr", "naive"):
     k, length = sizes
     return (f"spectr {'k_seq' if kind == 'spectr' else 'naive'} K={k} L={length}",
@@ -148,7 +148,7 @@ def tree_method(spec: str, draft):
     tree = sj.Tree.from_paths([(0,) * i for i in range(1, d + 1)]
                               + [(0,) * i + (r,) for i in range(d) for r in range(1, w)])
   return (f"tree {spec} ({tree.num_nodes} nodes, depth {tree.max_depth})",
-          sj.TreeSpeculative(draft, tree), tree.num_nodes)
+          sj.TreeSpeculative(draft, tree, children=children), tree.num_nodes)
 
 
 def retrieval_method(config, num_tokens: int, per_request: bool = False):
@@ -797,16 +797,19 @@ def run_experiment(config, command: str | None = None) -> dict:
                         if "tree" in config.methods else ())
     cache_len = (max(prompt_lengths) + int(config.max_new_tokens)
                  + max([*tuple(config.gammas), *tree_nodes, 0]) + 2)
+    # Draft-free settings: what a pass over [pending, N guesses] costs the target.
+    passes = sorted({draft_free_pass(config, s) for s in settings} - {0})
     if "draft" in models.sj:
       spec_gammas = tuple(int(g) for g in config.gammas) if any(
           m == "speculative" for m in config.methods) else ()
-      # Verification passes over gamma + 1 tokens, and over a tree's N + 1 (the mask does not
-      # change the cost).
-      widths = tuple(sorted({1, *(g + 1 for g in spec_gammas), *(n + 1 for n in tree_nodes)}))
+      # Verification passes over gamma + 1 tokens, over a tree's N + 1 (the mask does not
+      # change the cost) and over the draft-free settings' 1 + N, all in one measurement.
+      widths = tuple(sorted({1, *(g + 1 for g in spec_gammas), *(n + 1 for n in tree_nodes),
+                             *(n + 1 for n in passes)}))
       _log(f"[run] measuring the draft/target cost ratio (decoding steps in a jitted loop, "
            f"batch {bsz}, context {context})")
-      cost = measure_step_costs(models, bsz, context, cache_len, widths=widths,
-                                gammas=spec_gammas)
+      cost = measure_step_costs(models, bsz, context, cache_len + max(passes, default=0),
+                                widths=widths, gammas=spec_gammas)
       _log(f"[run]   target step {cost['target_step_ms']:.3f} ms, draft step "
            f"{cost['draft_step_ms']:.3f} ms: c = {cost['cost_ratio']:.3f}")
     if "self_speculative" in config.methods:  # the same for the target without layers skip
@@ -818,11 +821,12 @@ def run_experiment(config, command: str | None = None) -> dict:
           widths=(1,) + tuple(g + 1 for g in gammas), gammas=gammas)
       _log(f"[run]   self-speculative draft (skip {list(config.skip)}): c = "
            f"{cost['self_speculative']['cost_ratio']:.3f}")
-    passes = sorted({draft_free_pass(config, s) for s in settings} - {0})
-    if passes:  # no draft: what a pass over [pending, N guesses] costs the target
-      cost["draft_free"] = measure_step_costs({"target": models.sj["target"]}, bsz, context,
-                                              cache_len + max(passes),
-                                              widths=(1, *(n + 1 for n in passes)))
+    if passes:
+      cost["draft_free"] = ({k: cost[k] for k in ("target_step_ms", "target_verify_ms")}
+                            if "draft" in models.sj else
+                            measure_step_costs({"target": models.sj["target"]}, bsz, context,
+                                               cache_len + max(passes),
+                                               widths=(1, *(n + 1 for n in passes))))
       steps = cost["draft_free"]
       _log("[run]   draft-free passes, in target steps: " + ", ".join(
           f"1 + {n} tokens {steps['target_verify_ms'][str(n)] / steps['target_step_ms']:.2f}"

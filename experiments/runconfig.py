@@ -86,7 +86,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.max_ngram = 3  # prompt_lookup: the longest n-gram looked up in the row's own text
   # Token trees and multi-draft methods run by method "tree", one setting per spec
   # (parse_tree_spec): full:DxB, chains:NxD, comb:DxW, dynamic:DxWxN (EAGLE-2), spectr:KxL
-  # (SpecTr K-SEQ), naive:KxL (SpecInfer's rule on SpecTr's drafts).
+  # (SpecTr K-SEQ), naive:KxL (SpecInfer's rule on SpecTr's drafts); a static tree may add how
+  # its children are drawn: full:3x2:top_k (default sampled; or iid).
   c.trees = ()
   # Lookahead decoding (method "lookahead"), one setting per WxNxG spec: window columns x n-gram
   # size x guesses verified per pass (parse_lookahead_spec), e.g. ("5x3x5", "7x4x7").
@@ -199,9 +200,16 @@ def apply_arg(config: ml_collections.ConfigDict, arg: str | None) -> ml_collecti
 # ----------------------------------------------------------------------------------- validation
 
 
-def parse_tree_spec(spec: str) -> tuple[str, tuple[int, ...]]:
-  """``"full:3x2"`` -> ``("full", (3, 2))``, checked (kinds and sizes: ``TREE_KINDS``)."""
-  kind, _, size = str(spec).partition(":")
+STATIC_TREE_KINDS = ("full", "chains", "comb")
+TREE_CHILDREN = ("sampled", "top_k", "iid")  # specjax.proposers.draft_tree.CHILDREN (no jax import)
+
+
+def parse_tree_spec(spec: str) -> tuple[str, tuple[int, ...], str | None]:
+  """``"full:3x2"`` -> ``("full", (3, 2), None)``; a static kind may name how its children are
+  drawn (``sj.TreeSpeculative(children=)``): ``"comb:4x4:top_k"`` -> ``("comb", (4, 4),
+  "top_k")``. Checked (kinds and sizes: ``TREE_KINDS``; children: ``TREE_CHILDREN``)."""
+  kind, _, rest = str(spec).partition(":")
+  size, _, children = rest.partition(":")
   if kind not in TREE_KINDS:
     raise ConfigError(f"tree spec {spec!r}: unknown kind {kind!r} ({', '.join(TREE_KINDS)})")
   want = "DxWxN" if TREE_KINDS[kind] == 3 else "AxB"
@@ -211,7 +219,10 @@ def parse_tree_spec(spec: str) -> tuple[str, tuple[int, ...]]:
     raise ConfigError(f"tree spec {spec!r}: expected KIND:{want}, e.g. full:3x2") from None
   if len(sizes) != TREE_KINDS[kind] or min(sizes) < 1:
     raise ConfigError(f"tree spec {spec!r}: expected KIND:{want} with sizes >= 1")
-  return kind, sizes
+  if children and (kind not in STATIC_TREE_KINDS or children not in TREE_CHILDREN):
+    raise ConfigError(f"tree spec {spec!r}: only static trees ({', '.join(STATIC_TREE_KINDS)}) "
+                      f"take a children suffix, one of {', '.join(TREE_CHILDREN)}")
+  return kind, sizes, children or None
 
 
 def parse_lookahead_spec(spec: str) -> tuple[int, int, int]:
@@ -248,7 +259,7 @@ def parse_mesh_spec(spec: str) -> tuple[int, int] | None:
 
 def tree_nodes(spec: str) -> int:
   """Candidates a tree spec verifies per target pass (the cache room it needs)."""
-  kind, sizes = parse_tree_spec(spec)
+  kind, sizes, _ = parse_tree_spec(spec)
   if kind == "full":
     return sum(sizes[1] ** d for d in range(1, sizes[0] + 1))
   if kind == "dynamic":

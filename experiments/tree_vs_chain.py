@@ -19,7 +19,10 @@ Tree specs (``sj.TreeSpeculative`` unless said): ``full:DxB`` (depth D, B childr
 W - 1 extra leaf siblings at every depth: D x W nodes; most of a good draft's mass is on its top-1
 chain), ``dynamic:DxWxN`` (``sj.DynamicTree(depth=D, width=W, nodes=N)``, EAGLE-2),
 ``spectr:KxL`` (``sj.SpecTr`` with K i.i.d. chains of L, K-SEQ) and ``naive:KxL`` (the same
-drafts under SpecInfer's naive multi-draft rule: the SpecTr paper's Table 1 pairs the two).
+drafts under SpecInfer's naive multi-draft rule: the SpecTr paper's Table 1 pairs the two). A
+static tree may say how its children are drawn: ``comb:4x4:top_k`` (the draft's top-k, one-hot
+rule), ``:iid`` or ``:sampled`` (the default). The grammar is the runner's
+(``runconfig.parse_tree_spec``, ``run.tree_method``).
 """
 
 from __future__ import annotations
@@ -39,51 +42,13 @@ flags.DEFINE_list("trees", ["comb:4x2", "comb:4x4", "full:2x4", "full:3x2", "cha
                   "tree specs (module docstring)")
 
 
-def parse_tree(spec: str):
-  """``full:DxB`` / ``chains:NxD`` / ``comb:DxW`` -> sj.Tree; ``dynamic:DxWxN`` ->
-  sj.DynamicTree; ``spectr:KxL`` / ``naive:KxL`` -> (selection, K, L) for sj.SpecTr."""
-  import specjax as sj
-  kind, _, size = spec.partition(":")
-  try:
-    sizes = [int(x) for x in size.split("x")]
-  except ValueError:
-    raise ValueError(f"tree spec {spec!r}: expected KIND:AxB, e.g. full:3x2") from None
-  if len(sizes) != (3 if kind == "dynamic" else 2):
-    raise ValueError(f"tree spec {spec!r}: expected KIND:{'DxWxN' if kind == 'dynamic' else 'AxB'}")
-  if kind == "dynamic":
-    return sj.DynamicTree(depth=sizes[0], width=sizes[1], nodes=sizes[2])
-  a, b = sizes
-  if kind == "full":
-    return sj.Tree.full(depth=a, branching=b)
-  if kind == "chains":
-    return sj.Tree.chains(num=a, depth=b)
-  if kind == "comb":
-    spine = [(0,) * d for d in range(1, a + 1)]
-    return sj.Tree.from_paths(spine + [(0,) * d + (r,) for d in range(a) for r in range(1, b)])
-  if kind in ("spectr", "naive"):
-    return ("k_seq" if kind == "spectr" else "naive", a, b)
-  raise ValueError(f"tree spec {spec!r}: unknown kind {kind!r} (full, chains, comb, dynamic, "
-                   f"spectr, naive)")
-
-
-def tree_method(spec: str, draft):
-  """(row name, method, nodes verified per call) for a tree spec (``parse_tree``)."""
-  import specjax as sj
-  tree = parse_tree(spec)
-  if isinstance(tree, tuple):
-    selection, k, length = tree
-    return (f"spectr {selection} K={k} L={length}",
-            sj.SpecTr(draft, num_drafts=k, gamma=length, selection=selection), k * length)
-  return (f"tree {spec} ({tree.num_nodes} nodes, depth {tree.max_depth})",
-          sj.TreeSpeculative(draft, tree), tree.num_nodes)
-
-
 def compare(target, draft, prompts, gammas, trees, max_new_tokens: int, temperature: float,
             repeats: int, seed: int = 0) -> list[dict]:
   """One dict per method: name, nodes per call, tokens per call, median seconds."""
   import jax
 
   import specjax as sj
+  from experiments.run import tree_method
 
   methods = [("autoregressive", sj.Autoregressive(), 0)]
   methods += [(f"chain g={g}", sj.Speculative(draft, int(g)), int(g)) for g in gammas]
@@ -122,7 +87,7 @@ def main(argv):
   try:
     trees = list(FLAGS.trees)
     for spec in trees:
-      parse_tree(spec)  # a bad spec fails before anything loads
+      runconfig.parse_tree_spec(spec)  # a bad spec fails before anything loads
     target, draft, prompts, specs = run.load_pair(
         FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens,
         FLAGS.gammas, FLAGS.temperature, FLAGS.max_new_tokens)

@@ -130,6 +130,7 @@ class ShardedEqualsUnshardedTest(parameterized.TestCase):
         "lookahead": sj.Lookahead(window=2, ngram=2, guesses=2),
         "prompt_lookup": sj.PromptLookup(max_ngram=2, num_tokens=2),
         "retrieval": sj.Retrieval(store, num_tokens=3, nodes=4, branches=2),
+        "suffix": sj.Retrieval(None, num_tokens=3, nodes=4, branches=2, per_request=True),
     }
     mesh = sharding.make_mesh(2, 4)
     reference = self._reference("autoregressive_greedy", sj.Autoregressive(), GREEDY)

