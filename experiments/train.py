@@ -776,8 +776,7 @@ def train_model(model: Transformer, train_cfg, batches: Batches, val_windows: np
 
 
 def teacher_samples(teacher: str, tokenizer, instructions, code_texts, n_code: int,
-                    max_new_tokens: int, seed: int = 0, prompt_tokens: int = 48,
-                    dtype: str | None = None) -> np.ndarray:
+                    max_new_tokens: int, seed: int = 0, prompt_tokens: int = 48) -> np.ndarray:
   """int32 token stream of the teacher's greedy continuations (each prompt + its continuation +
   EOS) of the chat ``instructions`` (in its chat template) and of ``n_code`` windows of
   ``prompt_tokens`` tokens cut from ``code_texts``.
@@ -785,14 +784,14 @@ def teacher_samples(teacher: str, tokenizer, instructions, code_texts, n_code: i
   What a draft meets at decoding time is the target's own output, and the teacher's greedy text is
   far easier to predict than human text: a 2-layer SmolLM2 draft agreed with it on 0.65 of the
   positions of such samples against 0.36 on the stdlib's own code. On-policy data, as in
-  DistillSpec (Zhou et al. 2023, arXiv 2310.08461). ``dtype``: the teacher's (the config's
-  ``teacher_dtype``); all prompts of a kind decode in one batch, where bfloat16 products run on
-  the CPU's fast kernels (SmolLM2, 96 chats: ~25% faster than float32; at one row float32 wins).
+  DistillSpec (Zhou et al. 2023, arXiv 2310.08461). The teacher decodes in float32, the target's
+  own dtype in the runs the draft serves: its greedy text is that model's (in bfloat16, with the
+  products on the CPU's fast kernels, the 96 chats took as long end to end).
   """
   from specjax.decoding.generate import generate
   from specjax.models.hf import load_model
 
-  model = load_model(teacher, dtype=dtype)
+  model = load_model(teacher)
   rng = np.random.default_rng([seed, 7])
   chat = [tokenizer.encode(tokenizer.apply_chat_template(
       [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True),
@@ -864,8 +863,7 @@ def prepare_data(config, out_dir: pathlib.Path):
     t1 = time.time()
     instructions = corpus_lib.chat_prompts(corpus.train, n_chat, int(c.seed))
     samples = teacher_samples(teacher, tokenizer, instructions, corpus.train, n_code,
-                              int(c.teacher_tokens), int(c.seed),
-                              dtype=config.get("teacher_dtype") or None)
+                              int(c.teacher_tokens), int(c.seed))
     share = float(c.teacher_share)
     reps = max(1, round(len(train) * share / (1.0 - share) / len(samples)))
     train = np.concatenate([train, np.tile(samples, reps)])
