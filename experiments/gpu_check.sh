@@ -3,6 +3,7 @@
 #
 #   OUT=runs/gpu_check bash experiments/gpu_check.sh
 #   TARGET=dir DRAFT=dir DEFAULT_DIR=dir OUT=dir bash experiments/gpu_check.sh
+#   ONLY=methods_b1,tests bash experiments/gpu_check.sh     # just these stages (a rerun)
 #
 # Needs the benchmark pair (python -m experiments.train --config=configs/train_bench.py) and the
 # default pair (any directory holding target/ and draft/, e.g. the user cache's default-pair-v1).
@@ -38,6 +39,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 
 stage() {  # stage NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
+  if [ -n "${ONLY:-}" ] && [[ ",$ONLY," != *",$name,"* ]]; then return 0; fi
   echo "=== $name (limit ${limit}s) ==="
   local t0=$SECONDS
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1

@@ -542,10 +542,10 @@ class GpuCheckScriptTest(absltest.TestCase):
   """experiments/gpu_check.sh (run by hand on an accelerator): every stage's command line parses
   and validates (dry runs), and a failing stage shows in its summary line."""
 
-  def _script(self, out: str, tests: str):
+  def _script(self, out: str, tests: str, only: str = ""):
     env = _env()
     env.update(OUT=os.path.join(out, "out"), RUNS=os.path.join(out, "runs"), PY=sys.executable,
-               EXTRA_ARGS="--config.dry_run=True", TESTS=tests,
+               EXTRA_ARGS="--config.dry_run=True", TESTS=tests, ONLY=only,
                ROOFLINE_ARGS="--model=small --batch_sizes=1,2 --copy_mib=16")
     return subprocess.run(["bash", "experiments/gpu_check.sh"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -575,9 +575,12 @@ class GpuCheckScriptTest(absltest.TestCase):
         self.assertEqual(row["bytes"]["total"], row["bytes"]["weights"] + row["bytes"]["kv_cache"])
 
   def test_failing_stage_reported(self):
+    """A failing stage shows in its summary line; ONLY runs just the stages it names."""
     with tempfile.TemporaryDirectory() as tmp:
-      proc = self._script(tmp, "tests/no_such_test_file.py")
+      proc = self._script(tmp, "tests/no_such_test_file.py", only="info,tests")
       self.assertRegex(proc.stdout, r"=== tests: rc=[1-9]")
+      self.assertIn("=== info: rc=0 ", proc.stdout)
+      self.assertNotIn("=== bench_b4", proc.stdout)
 
 
 class DotShapesTest(absltest.TestCase):
