@@ -72,6 +72,7 @@ def time_passes(hidden: int, mlp: int, layers: int, tokens, repeats: int,
 def main(argv):
   del argv
   import jax
+  import jax.numpy as jnp
 
   if not FLAGS.tokens or min(int(t) for t in FLAGS.tokens) < 1:
     raise app.UsageError(f"--tokens must be integers >= 1, got {FLAGS.tokens}")
@@ -89,7 +90,7 @@ def main(argv):
   print(f"{'dtype':>9s} {'T':>4s} {'ms':>8s} {'x T=1':>7s} {'x ' + first + ' T=1':>14s} "
         f"{'GB/s of weights':>16s}")
   for d, m in medians.items():
-    size = 2 if d == "bfloat16" else 4
+    size = jnp.dtype(d).itemsize
     for t in tokens:
       print(f"{d:>9s} {t:4d} {m[t] * 1e3:8.2f} {m[t] / m[1]:7.2f} "
             f"{m[t] / medians[first][1]:14.2f} {params * size / m[t] / 1e9:16.1f}")

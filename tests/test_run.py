@@ -627,6 +627,16 @@ class SpecTrExactTest(absltest.TestCase):
 class TreeVsChainTest(absltest.TestCase):
   """experiments/tree_vs_chain.py: tree specs, and the comparison on tiny random models."""
 
+  def test_mirrored_constants(self):
+    """runconfig copies two of specjax's name lists (it must validate before JAX is imported):
+    the copies stay equal to the originals."""
+    from experiments import runconfig
+    from specjax import sharding
+    from specjax.proposers import draft_tree
+
+    self.assertEqual(runconfig.TREE_CHILDREN, draft_tree.CHILDREN)
+    self.assertEqual(runconfig.DRAFT_SHARDINGS, sharding.DRAFT_SHARDINGS)
+
   def test_parse_tree(self):
     """Tree specs (the runner's grammar, which tree_vs_chain shares) -> methods."""
     import specjax as sj
