@@ -12,7 +12,7 @@ docs) into ``smollm2_draft_dir()``; later calls return the cached directory at o
 Crash safety and concurrency are ``experiments.default_pair``'s: a ``.partial`` build under an
 exclusive lock, the marker written last, an incomplete directory rebuilt.
 
-Cache location: ``cache_root()/smollm2-draft-v1`` (``$SPECJAX_CACHE``, ``$XDG_CACHE_HOME/specjax``
+Cache location: ``cache_root()/smollm2-draft-v2`` (``$SPECJAX_CACHE``, ``$XDG_CACHE_HOME/specjax``
 or ``~/.cache/specjax``).
 """
 
@@ -25,7 +25,7 @@ import time
 from experiments import default_pair
 from specjax.cache import cache_root
 
-VERSION = "smollm2-draft-v1"
+VERSION = "smollm2-draft-v2"
 _CONFIG_FILE = pathlib.Path(__file__).resolve().parents[1] / "configs" / "train_smollm2_draft.py"
 
 

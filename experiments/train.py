@@ -706,6 +706,8 @@ def train_model(model: Transformer, train_cfg, batches: Batches, val_windows: np
     metrics["lr"] = lr
     step += 1
     pending.append(metrics)
+    if time_budget:  # the clock must see finished steps: dispatch alone runs steps ahead
+      jax.block_until_ready(metrics["loss"])
     if t_compiled is None:
       jax.block_until_ready(metrics["loss"])
       t_compiled = time.time()
