@@ -706,10 +706,11 @@ def train_model(model: Transformer, train_cfg, batches: Batches, val_windows: np
     metrics["lr"] = lr
     step += 1
     pending.append(metrics)
-    if time_budget:  # the clock must see finished steps: dispatch alone runs steps ahead
+    if time_budget or max_seconds or t_compiled is None:
+      # A clock limit must see finished steps (JAX's asynchronous dispatch runs steps ahead of
+      # them); the first step's wait times its compilation.
       jax.block_until_ready(metrics["loss"])
     if t_compiled is None:
-      jax.block_until_ready(metrics["loss"])
       t_compiled = time.time()
       last_log_time, last_log_step = t_compiled, step
       _log(f"{name}: first step (with compilation) took {t_compiled - t0:.1f}s")
