@@ -5,7 +5,7 @@ r"""The README's first experiment: SmolLM2-135M-Instruct on chat-style code-edit
 
 Autoregressive decoding against speculative decoding with a draft distilled for SmolLM2 on this
 machine (``smollm2-draft``: two of SmolLM2's layers and an 8192-token head, trained on first use in
-about 7 minutes on 2 CPU cores and cached; configs/train_smollm2_draft.py) and against prompt
+about 6 minutes on 2 CPU cores and cached; configs/train_smollm2_draft.py) and against prompt
 lookup (no draft model: guesses copied from the row's own prompt and output), one guess per
 target pass (gamma 1: on a 2-core CPU a pass over more tokens costs more; ``gamma=3`` on an
 accelerator), greedy and T = 1, batch 1 (one chat at a time), each prompt wrapped in the model's

@@ -18,15 +18,17 @@ every verifier handles exactly (ALGORITHMS.md §13).
 Data: the teacher's own greedy answers (on-policy, as in DistillSpec, Zhou et al. 2023, arXiv
 2310.08461) to 96 chat instructions (``corpus.chat_prompts``: coding tasks from stdlib docstrings,
 questions on the Python reference, everyday requests) and to 32 stdlib code windows, 96 tokens
-each (~17k tokens, ~90 s), repeated to make 60% of the training windows; the rest is stdlib
-source and the chat slice. The teacher's greedy text is far easier to follow than human text.
+each (~17k tokens, all 128 prompts in one batch, 80-90 s), repeated to make 60% of the training
+windows; the rest is stdlib source and the chat slice. The teacher's greedy text is far easier to
+follow than human text.
 Neither 85% nor 95% nor 48 code-editing chats among the prompts beat this mix beyond the spread
 between builds (docs/benchmarks.md).
 
 Budget: a fixed 72 steps (not a time budget, so that every machine builds the same draft), each
 batch reused for ``echo`` = 8 updates (data echoing, Choi et al. 2019: the teacher's forward costs
-about one draft update). On the shared 2-core box that is ~5 minutes of training and a ~7 minute
-build. Greedy acceptance on the code-editing chats at gamma 1: 0.515 in the first run with these
+about three draft updates: 1.0 s against 0.33 s on 2026-12-02's box). On the shared 2-core box
+that is ~4.6 minutes of training and a ~6 minute build (a first use skips the held-out agreement
+that a build by hand reports, ``agreement``). Greedy acceptance on the code-editing chats at gamma 1: 0.515 in the first run with these
 72 steps, 0.44-0.49 after the 59-81 steps of the 4-minute budget this replaced, 0.52 after 11
 minutes of training; cutting SmolLM2 to a few of its layers without training gives < 0.05.
 """

@@ -181,6 +181,9 @@ def base_config():
       teacher_share=0.5))       # teacher_share of the training windows
   c.tokenizer = ml_collections.ConfigDict(dict(vocab_size=2048, min_frequency=2))
   c.data = ml_collections.ConfigDict(dict(seq_len=128, seed=0, eval_tokens=32768))
+  # Greedy agreement and KL of each draft with the target on the validation windows, after
+  # training (report["agreement"]); a first-use build skips it (the run measures acceptance).
+  c.agreement = True
   c.target = ml_collections.ConfigDict()
   c.target.model = ml_collections.ConfigDict(dict(
       hidden_size=256, num_layers=4, num_heads=4, intermediate_size=768,
@@ -805,15 +808,11 @@ def teacher_samples(teacher: str, tokenizer, instructions, code_texts, n_code: i
     start = int(rng.integers(0, max(1, len(ids) - prompt_tokens)))
     code.append(ids[start:start + prompt_tokens])
   eos = tokenizer.eos_token_id
-  parts = []
-  for prompts in (chat, code):
-    if not prompts:
-      continue
-    out = generate(model, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos)
-    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-    for prompt, row, length in zip(prompts, tokens, lengths):
-      parts.append(np.asarray(list(prompt) + row[:length].tolist() + [eos], np.int32))
-  return np.concatenate(parts)
+  prompts = chat + code  # one batch: one compilation and one loop (greedy rows are independent)
+  out = generate(model, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos)
+  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  return np.concatenate([np.asarray(list(prompt) + row[:length].tolist() + [eos], np.int32)
+                         for prompt, row, length in zip(prompts, tokens, lengths)])
 
 
 def prepare_data(config, out_dir: pathlib.Path):
@@ -1009,7 +1008,8 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
   # Comparisons on the validation windows (inputs only).
   inputs = val_windows[:, :-1]
   summary = {}
-  if teacher_name or (out_dir / "target" / "config.json").exists():
+  if config.get("agreement", True) and (teacher_name or
+                                        (out_dir / "target" / "config.json").exists()):
     from specjax.models.reduced_vocab import load_vocab_ids, reduce_vocab
     for d in ("draft", "draft_distill"):
       if d in report["phases"] and (out_dir / d / "config.json").exists():
