@@ -9,8 +9,9 @@ about 6 minutes on 2 CPU cores and cached; configs/train_smollm2_draft.py) and a
 lookup (no draft model: guesses copied from the row's own prompt and output), one guess per
 target pass (gamma 1: on a 2-core CPU a pass over more tokens costs more; ``gamma=3`` on an
 accelerator), greedy and T = 1, batch 1 (one chat at a time), each prompt wrapped in the model's
-chat template; report.md shows the generated text. The first run also converts the GGUF once
-(cached under $SPECJAX_CACHE, else ~/.cache/specjax). Override anything:
+chat template, one timed pass of each setting (``--config.repeats=3`` for medians); report.md
+shows the generated text. The first run also converts the GGUF once (cached under
+$SPECJAX_CACHE, else ~/.cache/specjax). Override anything:
 ``configs/default.py:prompts=chat,temperature=0`` or ``--config.max_new_tokens=128``; every method
 on SmolLM2 next to transformers is configs/smollm2.py, and the embedded small pair of earlier
 versions is configs/bench.py's territory (``target=default``).
@@ -34,6 +35,8 @@ def get_config(arg=None):
   c.batch_size = 1
   c.max_new_tokens = 64
   c.stop_at_eos = True
-  c.repeats = 2
+  # One timed pass of every setting (interleaved, after each has compiled): the first run stays
+  # within 10 minutes with the draft's training; --config.repeats=3 for medians and a range.
+  c.repeats = 1
   c.output_dir = "runs/default"
   return runconfig.apply_arg(c, arg)
