@@ -28,9 +28,10 @@ Budget: a fixed 72 steps (not a time budget, so that every machine builds the sa
 batch reused for ``echo`` = 8 updates (data echoing, Choi et al. 2019: the teacher's forward costs
 about three draft updates: 1.0 s against 0.33 s on 2026-12-02's box). On the shared 2-core box
 that is ~4.6 minutes of training and a ~6 minute build (a first use skips the held-out agreement
-that a build by hand reports, ``agreement``). Greedy acceptance on the code-editing chats at gamma 1: 0.515 in the first run with these
-72 steps, 0.44-0.49 after the 59-81 steps of the 4-minute budget this replaced, 0.52 after 11
-minutes of training; cutting SmolLM2 to a few of its layers without training gives < 0.05.
+that a build by hand reports, ``agreement``). Greedy acceptance on the code-editing chats at
+gamma 1: 0.515 in the first run with these 72 steps, 0.44-0.49 after the 59-81 steps of the
+4-minute budget this replaced, 0.52 after 11 minutes of training; cutting SmolLM2 to a few of its
+layers without training gives < 0.05.
 """
 
 from experiments.train import base_config, train_defaults
