@@ -233,6 +233,8 @@ TOKENIZER_TEXTS = {
     "code": "def fib(n: int) -> int:\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # {x}\n",
     "prose": "It was the best of times, it was the worst of times; it was the age of wisdom...",
     "non_ascii": "Zürich, São Paulo, 東京, Москва — naïve café ½≠∞ 🙂🚀 ﬁ\u00a0x\u200by",
+    "empty": "", "whitespace_runs": "  \n\n\t    x   \r\n  ", "digits": "3.14159 2026-12-03 1e-6",
+    "special_tokens": "<|im_start|>user\nhi<|im_end|><|endoftext|><file_sep>x",
 }
 
 
@@ -290,18 +292,25 @@ class SmolLM2Test(CacheDirTest):
       self.assertEqual(ours, ref, f"prompt {i}: {hf_tok.decode(ref)!r}")
 
   def test_tokenizer_matches_transformers(self):
+    """Ours (specjax.models.gguf_tokenizer, no torch) against transformers' GGUF tokenizer."""
     _, reference = _smollm2_reference()
     built = sj.load_tokenizer("smollm2-135m")  # converted from the GGUF, then cached
     cached = sj.load_tokenizer(_smollm2())
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! 🙂"},
+            {"role": "user", "content": "Rename x to y:\n\n```python\ndef f(x):\n  return x\n```"}]
+    texts = {**TOKENIZER_TEXTS, "chat": reference.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True)}
     for tokenizer in (built, cached):
-      for kind, text in TOKENIZER_TEXTS.items():
-        self.assertEqual(tokenizer(text).input_ids, reference(text).input_ids, kind)
-        self.assertEqual(tokenizer.decode(tokenizer(text).input_ids), text, kind)
-      self.assertEqual((tokenizer.bos_token_id, tokenizer.eos_token_id),
-                       (reference.bos_token_id, reference.eos_token_id))
-      chat = [{"role": "user", "content": "Hi"}]
-      self.assertEqual(tokenizer.apply_chat_template(chat, tokenize=False),
-                       reference.apply_chat_template(chat, tokenize=False))
+      for kind, text in texts.items():
+        ids = tokenizer(text).input_ids
+        self.assertEqual(ids, reference(text).input_ids, kind)
+        self.assertEqual(tokenizer.decode(ids), text, kind)
+        self.assertEqual(tokenizer.decode(ids, skip_special_tokens=True),
+                         reference.decode(ids, skip_special_tokens=True), kind)
+      self.assertEqual((tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id),
+                       (reference.bos_token_id, reference.eos_token_id, reference.pad_token_id))
+      self.assertEqual(tokenizer.apply_chat_template(chat, add_generation_prompt=True),
+                       reference.apply_chat_template(chat, add_generation_prompt=True))
 
 
 if __name__ == "__main__":

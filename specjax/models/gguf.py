@@ -21,8 +21,8 @@ Dequantizing a large file takes long, so ``load_gguf`` caches the converted chec
 float32 safetensors file (the HF config in its metadata) under
 ``cache_root()/gguf-v1/<sha256>.safetensors``, keyed by the GGUF file's content hash; later loads
 memory-map it. float32, because dequantized values (scale * q + min, in float32) do not fit
-bfloat16/float16 exactly: a 135M model takes 540 MB. The tokenizer (built by transformers from
-the GGUF's vocabulary, which takes seconds) is cached beside it.
+bfloat16/float16 exactly: a 135M model takes 540 MB. The tokenizer (``gguf_tokenizer``: built
+from the GGUF's vocabulary with the ``tokenizers`` library, which takes seconds) is cached too.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from specjax.models.hf import _SafetensorsReader, hf_layout, params_from_hf
 from specjax.models.transformer import Transformer
 
 CACHE_VERSION = "gguf-v1"  # bump when the conversion changes, so that stale entries are not read
+TOKENIZER_CACHE_VERSION = "gguf-tokenizer-v2"  # v1 (gguf-v1/*.tokenizer) was transformers'-built
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> model_type
 _PERMUTED_QK = ("llama",)  # architectures whose q/k rows llama.cpp's converter permutes
 _REQUIRED = object()
@@ -194,8 +195,9 @@ def convert_gguf(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.
 
 def _cache_files(path: str) -> tuple[pathlib.Path, pathlib.Path]:
   """(converted weights, tokenizer directory) cache paths for the GGUF file ``path``."""
-  stem = cache_root() / CACHE_VERSION / file_sha256(path)
-  return stem.with_suffix(".safetensors"), stem.with_suffix(".tokenizer")
+  digest = file_sha256(path)
+  return ((cache_root() / CACHE_VERSION / digest).with_suffix(".safetensors"),
+          cache_root() / TOKENIZER_CACHE_VERSION / digest)
 
 
 def _write_cache(file: pathlib.Path, hf: dict[str, Any], tensors: dict[str, np.ndarray],
@@ -237,21 +239,22 @@ def load_gguf(path: str | os.PathLike, dtype: str | None = None, mesh=None,
 
 
 def load_gguf_tokenizer(path: str | os.PathLike):
-  """The transformers fast tokenizer that transformers builds from a GGUF's vocabulary, cached.
+  """The GGUF file's tokenizer (``gguf_tokenizer.build_tokenizer``: no torch), cached.
 
-  transformers converts the GGUF vocabulary/merges in seconds; the result is saved with
+  Reading the vocabulary from the file takes seconds, so the tokenizer is saved with
   ``save_pretrained`` next to the converted weights and reloaded from there.
   """
-  from transformers import AutoTokenizer
+  from transformers import PreTrainedTokenizerFast
+
+  from specjax.models import gguf_tokenizer
 
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"GGUF file {path} does not exist")
   _, cached = _cache_files(path)
   if cached.is_dir():
-    return AutoTokenizer.from_pretrained(cached, local_files_only=True)
-  tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
-                                            gguf_file=os.path.basename(path), local_files_only=True)
+    return PreTrainedTokenizerFast.from_pretrained(cached, local_files_only=True)
+  tokenizer = gguf_tokenizer.build_tokenizer(gguf_tokenizer.read_tokenizer_metadata(path))
   try:
     with atomic_path(cached) as tmp:
       tokenizer.save_pretrained(tmp)

@@ -1,0 +1,143 @@
+"""A GGUF file's tokenizer, built from its metadata with the ``tokenizers`` library (no torch).
+
+A GGUF holds no ``tokenizer.json``: llama.cpp stores the vocabulary, merges, token types and
+special ids as metadata (``tokenizer.ggml.*``). We read them with the ``gguf`` package and build
+the fast tokenizer they describe with ``tokenizers``, wrapped as a
+``transformers.PreTrainedTokenizerFast`` so that ``apply_chat_template``, ``decode`` and special
+tokens behave as users expect. transformers can build the same tokenizer (``AutoTokenizer`` with
+``gguf_file=``), but its GGUF path imports torch, which the library and the runner do not need;
+the tests require our ids and decoded text to equal transformers' where torch is installed.
+
+Supported vocabulary kinds (``tokenizer.ggml.model``): ``gpt2``, byte-level BPE (GPT-2, Llama 3,
+Qwen2, SmolLM2, ...). The text is split before the merges by the regex that ``tokenizer.ggml.pre``
+names (``PRE_TOKENIZERS``); an unknown ``pre`` value is refused rather than silently split the
+GPT-2 way. ``llama`` (SentencePiece) and
+the other kinds are refused with the model's name in the error.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+# llama.cpp's token types (gguf.TokenType): CONTROL tokens are special; USER_DEFINED ones are
+# matched whole in the text but are not special.
+_CONTROL, _USER_DEFINED = 3, 4
+
+# Pre-tokenizer splits: ``tokenizer.ggml.pre`` -> the regex that cuts the text before byte-level
+# BPE (llama.cpp's ``llama-vocab.cpp``; the names transformers' GGUF loader maps to the same
+# regexes); ``None`` = GPT-2's own split (ByteLevel's built-in regex). ``smollm``: llama.cpp splits
+# digits one by one first; SmolLM2's vocabulary has no multi-digit token, so that changes no ASCII
+# text's ids, and we follow transformers, which does not (the two differ on non-ASCII numerals
+# that the vocabulary merges, such as " ½").
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS: dict[str, str | None] = {
+    **dict.fromkeys(("default", "gpt2", "smollm"), None),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"), _LLAMA3),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen"), _QWEN2),
+}
+SUPPORTED_MODELS = ("gpt2",)
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_to_char() -> dict[int, str]:
+  """GPT-2's reversible byte -> printable character table (Radford et al. 2019, ``encoder.py``):
+  printable Latin-1 bytes stand for themselves, the other 68 are shifted past U+0100."""
+  kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+          *range(ord("®"), ord("ÿ") + 1)]
+  shifted = [b for b in range(256) if b not in kept]
+  return {**{b: chr(b) for b in kept}, **{b: chr(256 + i) for i, b in enumerate(shifted)}}
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+  field = reader.fields.get(key)
+  return default if field is None else field.contents()
+
+
+def read_tokenizer_metadata(path: str | os.PathLike) -> dict[str, Any]:
+  """The ``tokenizer.ggml.*`` metadata of a GGUF file (and its chat template) as a plain dict,
+  under llama.cpp's key names without the ``tokenizer.ggml.`` prefix, plus ``name``."""
+  from specjax.models.gguf import _open  # one reader, one error message for broken files
+
+  path = os.fspath(path)
+  reader = _open(path)
+  keys = ("model", "pre", "tokens", "merges", "token_type", "bos_token_id", "eos_token_id",
+          "unknown_token_id", "padding_token_id", "add_bos_token", "add_eos_token")
+  meta = {key: _field(reader, f"tokenizer.ggml.{key}") for key in keys}
+  meta["chat_template"] = _field(reader, "tokenizer.chat_template")
+  meta["name"] = _field(reader, "general.name") or os.path.basename(path)
+  return meta
+
+
+def _pre_tokenizer(pre: str, name: str):
+  from tokenizers import Regex, pre_tokenizers
+
+  if pre not in PRE_TOKENIZERS:
+    raise ValueError(f"GGUF model {name!r}: tokenizer.ggml.pre {pre!r} (the text split before "
+                     f"the merges) is not supported yet; supported: {', '.join(PRE_TOKENIZERS)}")
+  split = PRE_TOKENIZERS[pre]
+  if split is None:
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+  return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
+def build_tokenizer(meta: dict[str, Any]):
+  """A ``transformers.PreTrainedTokenizerFast`` from ``read_tokenizer_metadata``'s dict.
+
+  Byte-level BPE: the vocabulary in GPT-2's byte spelling (a token holding characters outside
+  that alphabet is respelled from its UTF-8 bytes, as transformers does), the file's merges,
+  CONTROL tokens as special added tokens and USER_DEFINED ones as plain added tokens (both matched
+  whole), BOS/EOS added by the post-processor only where the file says ``add_bos_token`` /
+  ``add_eos_token``.
+  """
+  from tokenizers import AddedToken, Tokenizer, decoders, models, processors
+  import transformers
+
+  name, kind = meta["name"], meta["model"]
+  if kind not in SUPPORTED_MODELS:
+    raise ValueError(f"GGUF model {name!r}: tokenizer.ggml.model {kind!r} is not supported yet "
+                     f"(supported: {', '.join(SUPPORTED_MODELS)}, byte-level BPE)")
+  tokens, types = list(meta["tokens"] or ()), list(meta["token_type"] or ())
+  if not tokens or meta["merges"] is None:
+    raise ValueError(f"GGUF model {name!r}: its tokenizer metadata lacks "
+                     f"{'tokenizer.ggml.tokens' if not tokens else 'tokenizer.ggml.merges'}")
+  if types and len(types) != len(tokens):
+    raise ValueError(f"GGUF model {name!r}: {len(types)} token types for {len(tokens)} tokens")
+  spell = _byte_to_char()
+  alphabet = set(spell.values())
+  respell = lambda t: t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8"))
+  vocab = {respell(t): i for i, t in enumerate(tokens)}
+  merges = [tuple(m.split(" ", 1)) for m in meta["merges"]]
+  backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, fuse_unk=False,
+                                 continuing_subword_prefix="", end_of_word_suffix=""))
+  backend.pre_tokenizer = _pre_tokenizer(meta["pre"] or "default", name)
+  backend.decoder = decoders.ByteLevel()
+  # A CONTROL token spelled outside the byte alphabet is a llama.cpp mislabel (it is no real
+  # token of a byte-level vocabulary); transformers skips it too.
+  backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                              for t, k in zip(tokens, types) if k == _CONTROL and set(t) <= alphabet])
+  backend.add_tokens([AddedToken(t, normalized=False, special=False)
+                      for t, k in zip(tokens, types) if k == _USER_DEFINED and t in vocab])
+  token = lambda key: tokens[meta[key]] if meta[key] is not None else None
+  bos, eos = token("bos_token_id"), token("eos_token_id")
+  add_bos, add_eos = bool(meta["add_bos_token"]), bool(meta["add_eos_token"])
+  for flag, special, what in ((add_bos, bos, "BOS"), (add_eos, eos, "EOS")):
+    if flag and special is None:
+      raise ValueError(f"GGUF model {name!r} asks for a {what} token on every text but names none")
+  # transformers' template (``TokenizersBackend.update_post_processor``): BOS/EOS around each text.
+  single = [*([f"{bos}:0"] if add_bos else []), "$A:0", *([f"{eos}:0"] if add_eos else [])]
+  pair = [*([f"{bos}:1"] if add_bos else []), "$B:1", *([f"{eos}:1"] if add_eos else [])]
+  ids = {"bos": meta["bos_token_id"], "eos": meta["eos_token_id"]}
+  backend.post_processor = processors.TemplateProcessing(
+      single=single, pair=single + pair,
+      special_tokens=[(t, ids[k]) for t, k, add in ((bos, "bos", add_bos), (eos, "eos", add_eos))
+                      if add])
+  return transformers.PreTrainedTokenizerFast(
+      tokenizer_object=backend, bos_token=bos, eos_token=eos, unk_token=token("unknown_token_id"),
+      pad_token=token("padding_token_id"), chat_template=meta["chat_template"],
+      add_bos_token=add_bos, add_eos_token=add_eos, clean_up_tokenization_spaces=False)
