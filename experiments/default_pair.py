@@ -82,12 +82,13 @@ def build_pair(dest: str | os.PathLike, config=None, verbose: bool = True,
   another trained draft is kept as ``dest/draft_data`` or ``dest/draft_distill``. A config with
   a ``teacher`` builds the draft alone (``dest/draft``). ``version`` goes into the marker."""
   from experiments import train
+  from specjax.training import set_verbose
 
   config = default_train_config() if config is None else config
   dest = pathlib.Path(dest)
   partial = dest.with_name(dest.name + ".partial")
   shutil.rmtree(partial, ignore_errors=True)
-  old_verbose = train.set_verbose(verbose)
+  old_verbose = set_verbose(verbose)
   try:
     t0 = time.time()
     report = train.run(config, partial)
@@ -110,7 +111,7 @@ def build_pair(dest: str | os.PathLike, config=None, verbose: bool = True,
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(partial, dest)
   finally:
-    train.set_verbose(old_verbose)
+    set_verbose(old_verbose)
   return report
 
 

@@ -31,6 +31,8 @@ import os
 import sys
 from typing import Any, Callable
 
+from experiments.methods import CHAIN, METHODS
+
 PLOT_FILES = {
     "speedup": "speedup_vs_gamma.png",
     "acceptance": "acceptance_by_position.png",
@@ -80,8 +82,9 @@ def _temperatures(results: dict) -> list[float]:
   return sorted({e["temperature"] for e in results["settings"]})
 
 
-def _spec_rows(results: dict, temperature: float, method: str = "speculative") -> list[dict]:
-  rows = [e for e in results["settings"] if e["method"] == method
+def _spec_rows(results: dict, temperature: float) -> list[dict]:
+  """The draft-chain settings (Leviathan et al.'s tables and plots) at ``temperature``."""
+  rows = [e for e in results["settings"] if METHODS[e["method"]].cost_model == CHAIN
           and e["temperature"] == temperature]
   return sorted(rows, key=lambda e: e["gamma"])
 
@@ -242,8 +245,9 @@ def format_samples(results: dict, width: int = 100) -> str:
     out.append(f"  {label:<28} {repr(text)[:width]}")
   if s["temperature"] == 0:
     ar = [t for k, t in texts.items() if k.startswith("autoregressive ")]
-    specs = [t for k, t in texts.items()  # every exact method: not the draft alone, not hf_*
-             if not k.startswith(("autoregressive ", "draft_autoregressive ", "hf_"))]
+    exact = [m for m, e in METHODS.items()  # every exact method: not the draft alone, not hf_*
+             if not e.hf and e.role == "target" and m != "autoregressive"]
+    specs = [t for k, t in texts.items() if k.split(" ", 1)[0] in exact]
     if ar and specs:
       same = all(t == ar[0] for t in specs)
       out.append("  speculative == autoregressive: " + ("yes, token for token" if same else

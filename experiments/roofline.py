@@ -9,7 +9,7 @@ only for the rows it looks up) and every KV buffer it attends over (the loop's a
 all ``cache_length`` slots of each row, masked). The roofline is those bytes over the bandwidth
 measured here, on this device, by a jitted copy (read + write of a large bf16 array); the figure
 is roofline time / measured step time (1.0 = at the bandwidth). Steps are timed as the runner
-times them (``experiments.run.measure_step_costs``: many steps inside one jitted loop).
+times them (``specjax.costs.measure_step_costs``: many steps inside one jitted loop).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def step_bytes(config: sj.ModelConfig, batch: int, cache_length: int) -> dict:
 
 def run(model: str, batch_sizes, context: int, cache_length: int, dtype: str,
         copy_mib: int) -> dict:
-  from experiments.run import measure_step_costs
+  from specjax.costs import measure_step_costs
   if context >= cache_length:
     raise ValueError(f"context {context} must be below cache_length {cache_length}")
   config = sj.ModelConfig(model_type="llama", max_position_embeddings=max(2048, cache_length),

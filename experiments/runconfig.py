@@ -11,7 +11,6 @@ This module must stay light to import (no jax): bad configs are refused in well 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -20,24 +19,13 @@ from typing import Any
 import ml_collections
 
 from experiments import prompts as prompts_lib
+from experiments.errors import ConfigError
+from experiments.methods import METHODS as METHODS_TABLE
+from experiments.methods import NO_DATASTORE, parse_lookahead_spec, parse_tree_spec
+from specjax import options
 
-# Decoding methods a config may list.
-SPECJAX_METHODS = ("autoregressive", "speculative", "draft_autoregressive", "self_speculative",
-                   "tree", "prompt_lookup", "jacobi", "lookahead", "retrieval", "suffix")
-# Swept over gammas (guesses per iteration: prompt lookup's num_tokens, Jacobi's block;
-# retrieval's num_tokens, the depth of its tree).
-GAMMA_METHODS = ("speculative", "self_speculative", "hf_assisted", "prompt_lookup", "jacobi",
-                 "retrieval", "suffix", "hf_prompt_lookup")
-# sj.Retrieval: REST (the datastore) and SuffixDecoding (the datastore and each row's own text).
-RETRIEVAL_METHODS = ("retrieval", "suffix")
-NO_DATASTORE = "none"  # config.datastore for "suffix" on the rows' own text alone
-TREE_METHODS = ("tree",)  # swept over trees (tree specs: parse_tree_spec)
-DRAFT_METHODS = ("speculative", "draft_autoregressive", "hf_assisted", "tree")  # need config.draft
-TREE_KINDS = {"full": 2, "chains": 2, "comb": 2, "dynamic": 3, "spectr": 2, "naive": 2}
-# transformers' generate (torch, optional): greedy/sampling, assisted generation with the draft,
-# prompt lookup (prompt_lookup_num_tokens = gamma, max_matching_ngram_size = max_ngram).
-HF_METHODS = ("hf_autoregressive", "hf_assisted", "hf_prompt_lookup")
-METHODS = SPECJAX_METHODS + HF_METHODS
+# The methods a config may list, and everything about them: experiments/methods.py.
+METHODS = tuple(METHODS_TABLE)
 COST_RATIO_SOURCES = ("step", "ar")
 
 RANDOM_PREFIX = "random:"
@@ -48,13 +36,43 @@ SMOLLM2_VOCAB = 49152
 DRAFT_VOCABS = ("auto", "full")
 
 
-class ConfigError(ValueError):
-  """A config problem, reported as one line before any heavy work."""
-
-
 def uses_retrieval(methods) -> bool:
-  """Whether ``methods`` lists a datastore method (``RETRIEVAL_METHODS``)."""
-  return any(m in RETRIEVAL_METHODS for m in methods)
+  """Whether ``methods`` lists a datastore method (REST, SuffixDecoding)."""
+  return any(METHODS_TABLE[m].datastore for m in methods)
+
+
+def pass_room(config) -> int:
+  """The most tokens any of the run's settings scores in one target pass besides the pending
+  one (the cache room a pass needs past the text)."""
+  return max([METHODS_TABLE[m].pass_tokens(config, setting(config, m, value))
+              for m in config.methods for value in sweep_values(config, m)] + [0])
+
+
+def sweep_values(config, method: str) -> tuple:
+  """The values ``method`` is swept over in ``config`` ((None,) when it sweeps nothing)."""
+  sweep = METHODS_TABLE[method].sweep
+  return tuple(config[sweep]) if sweep else (None,)
+
+
+def setting(config, method: str, value, temperature: float = 0.0, mesh: str = "") -> dict:
+  """One setting: a method at one value of its sweep (``gamma``, or ``tree`` for tree and
+  lookahead specs), one temperature and one mesh."""
+  gamma_sweep = METHODS_TABLE[method].sweep == "gammas"
+  return dict(method=method, gamma=value if gamma_sweep else None,
+              tree=None if gamma_sweep else value, temperature=float(temperature),
+              top_k=int(config.top_k), top_p=float(config.top_p), mesh=mesh)
+
+
+def setting_key(s: dict) -> tuple:
+  """What tells two settings apart (besides top_k/top_p, fixed per run)."""
+  return s["method"], s["gamma"], s.get("tree"), s["temperature"], s.get("mesh", "")
+
+
+def setting_label(s: dict) -> str:
+  g = f" g={s['gamma']}" if s["gamma"] is not None else ""
+  tree = f" {s['tree']}" if s.get("tree") else ""
+  mesh = f" mesh={s['mesh']}" if s.get("mesh") else ""
+  return f"{s['method']}{g}{tree}{mesh} T={s['temperature']:g}"
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -200,49 +218,6 @@ def apply_arg(config: ml_collections.ConfigDict, arg: str | None) -> ml_collecti
 # ----------------------------------------------------------------------------------- validation
 
 
-STATIC_TREE_KINDS = ("full", "chains", "comb")
-TREE_CHILDREN = ("sampled", "top_k", "iid")  # specjax.proposers.draft_tree.CHILDREN (no jax import)
-
-
-def parse_tree_spec(spec: str) -> tuple[str, tuple[int, ...], str | None]:
-  """``"full:3x2"`` -> ``("full", (3, 2), None)``; a static kind may name how its children are
-  drawn (``sj.TreeSpeculative(children=)``): ``"comb:4x4:top_k"`` -> ``("comb", (4, 4),
-  "top_k")``. Checked (kinds and sizes: ``TREE_KINDS``; children: ``TREE_CHILDREN``)."""
-  kind, _, rest = str(spec).partition(":")
-  size, _, children = rest.partition(":")
-  if kind not in TREE_KINDS:
-    raise ConfigError(f"tree spec {spec!r}: unknown kind {kind!r} ({', '.join(TREE_KINDS)})")
-  want = "DxWxN" if TREE_KINDS[kind] == 3 else "AxB"
-  try:
-    sizes = tuple(int(x) for x in size.split("x"))
-  except ValueError:
-    raise ConfigError(f"tree spec {spec!r}: expected KIND:{want}, e.g. full:3x2") from None
-  if len(sizes) != TREE_KINDS[kind] or min(sizes) < 1:
-    raise ConfigError(f"tree spec {spec!r}: expected KIND:{want} with sizes >= 1")
-  if children and (kind not in STATIC_TREE_KINDS or children not in TREE_CHILDREN):
-    raise ConfigError(f"tree spec {spec!r}: only static trees ({', '.join(STATIC_TREE_KINDS)}) "
-                      f"take a children suffix, one of {', '.join(TREE_CHILDREN)}")
-  return kind, sizes, children or None
-
-
-def parse_lookahead_spec(spec: str) -> tuple[int, int, int]:
-  """``"7x4x7"`` -> ``(window, ngram, guesses)`` = ``(7, 4, 7)``, checked (ngram >= 2)."""
-  try:
-    sizes = tuple(int(x) for x in str(spec).split("x"))
-  except ValueError:
-    sizes = ()
-  if len(sizes) != 3 or min(sizes) < 1 or sizes[1] < 2:
-    raise ConfigError(f"lookahead spec {spec!r}: expected WxNxG (window x n-gram size x guesses, "
-                      f"N >= 2), e.g. 7x4x7")
-  return sizes
-
-
-def lookahead_tokens(spec: str) -> int:
-  """Tokens a lookahead pass scores besides the pending one: G (N - 1) guesses + the window."""
-  window, ngram, guesses = parse_lookahead_spec(spec)
-  return (guesses + window) * (ngram - 1) - 1
-
-
 def parse_mesh_spec(spec: str) -> tuple[int, int] | None:
   """``"2x4"`` -> ``(data, model)`` = ``(2, 4)``; ``""`` -> None (one device)."""
   if spec == "":
@@ -257,16 +232,6 @@ def parse_mesh_spec(spec: str) -> tuple[int, int] | None:
   return sizes
 
 
-def tree_nodes(spec: str) -> int:
-  """Candidates a tree spec verifies per target pass (the cache room it needs)."""
-  kind, sizes, _ = parse_tree_spec(spec)
-  if kind == "full":
-    return sum(sizes[1] ** d for d in range(1, sizes[0] + 1))
-  if kind == "dynamic":
-    return sizes[2]
-  return sizes[0] * sizes[1]  # chains, comb, spectr, naive
-
-
 def _is_int(x) -> bool:
   return isinstance(x, int) and not isinstance(x, bool)
 
@@ -275,9 +240,6 @@ def _check_int(config, name: str, minimum: int) -> None:
   value = config[name]
   if not _is_int(value) or value < minimum:
     raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-DRAFT_SHARDINGS = ("rules", "replicated")  # specjax.sharding.DRAFT_SHARDINGS (no jax import)
 
 
 def validate(config) -> None:
@@ -297,7 +259,8 @@ def validate(config) -> None:
       raise ConfigError(f"unknown method {m!r}; known methods: {', '.join(METHODS)}")
   if len(set(methods)) != len(methods):
     raise ConfigError(f"methods lists a method twice: {list(methods)}")
-  if any(m in GAMMA_METHODS for m in methods):
+  table = {m: METHODS_TABLE[m] for m in methods}
+  if any(t.sweep == "gammas" for t in table.values()):
     if not tuple(config.gammas):
       raise ConfigError("gammas is empty, but speculative methods need at least one gamma")
   for g in config.gammas:
@@ -305,11 +268,11 @@ def validate(config) -> None:
       raise ConfigError(f"gamma must be an integer >= 1, got {g!r}")
   if len(set(config.gammas)) != len(tuple(config.gammas)):
     raise ConfigError(f"gammas lists a value twice: {list(config.gammas)}")
-  for method, field, what, example, parse in (
-      ("tree", "trees", "tree spec", "('full:3x2', 'spectr:4x4')", parse_tree_spec),
-      ("lookahead", "lookahead", "WxNxG spec", "('7x4x7',)", parse_lookahead_spec)):
+  for field, what, example, parse in (
+      ("trees", "tree spec", "('full:3x2', 'spectr:4x4')", parse_tree_spec),
+      ("lookahead", "WxNxG spec", "('7x4x7',)", parse_lookahead_spec)):
     specs = tuple(config[field])
-    if method in methods and not specs:
+    for method in (m for m, t in table.items() if t.sweep == field and not specs):
       raise ConfigError(f"method {method!r} needs at least one {what} in {field} (e.g. "
                         f"{field}={example})")
     for spec in specs:
@@ -325,9 +288,9 @@ def validate(config) -> None:
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor < 1e9:
       raise ConfigError(f"max_spec_factor must be a number >= 0 (0 = no cap), got {factor!r}")
     if config.datastore == NO_DATASTORE:
-      if "retrieval" in methods:
-        raise ConfigError(f"method 'retrieval' needs a datastore; datastore={NO_DATASTORE!r} "
-                          f"only serves method 'suffix' (the rows' own text)")
+      for m in (m for m, t in table.items() if t.datastore == "required"):
+        raise ConfigError(f"method {m!r} needs a datastore; datastore={NO_DATASTORE!r} only "
+                          f"serves method 'suffix' (the rows' own text)")
     elif config.datastore:
       datastore_vocab(config.datastore)
   meshes = tuple(config.meshes)
@@ -337,10 +300,11 @@ def validate(config) -> None:
     parse_mesh_spec(spec)
   if len(set(meshes)) != len(meshes):
     raise ConfigError(f"meshes lists a mesh twice: {list(meshes)}")
-  if any(m in HF_METHODS for m in methods) and any(meshes):
+  hf_methods = [m for m, t in table.items() if t.hf]
+  if hf_methods and any(meshes):
     raise ConfigError("hf_* methods run transformers on one device: drop them or the meshes")
-  if config.draft_sharding not in DRAFT_SHARDINGS:
-    raise ConfigError(f"draft_sharding must be one of {', '.join(DRAFT_SHARDINGS)}, got "
+  if config.draft_sharding not in options.DRAFT_SHARDINGS:
+    raise ConfigError(f"draft_sharding must be one of {', '.join(options.DRAFT_SHARDINGS)}, got "
                       f"{config.draft_sharding!r}")
   _check_int(config, "cpu_devices", 0)
   skip = tuple(config.skip)
@@ -385,11 +349,11 @@ def validate(config) -> None:
     raise ConfigError(f"cost_ratio must be >= 0 (0 = measure it), got {config.cost_ratio!r}")
   if not config.output_dir:
     raise ConfigError("output_dir is empty")
-  for m in ("hf_assisted", "hf_prompt_lookup"):
-    if m in methods and config.batch_size != 1:
+  for m in (m for m, t in table.items() if t.batch_one):
+    if config.batch_size != 1:
       raise ConfigError(f"{m} needs batch_size=1 (transformers' assisted generation refuses "
                         f"batches), got batch_size={config.batch_size}")
-  if any(m in HF_METHODS for m in methods):
+  if hf_methods:
     import importlib.util
     if importlib.util.find_spec("torch") is None:
       raise ConfigError("hf_* methods need PyTorch, which is not "
@@ -426,165 +390,3 @@ def datastore_vocab(path: str) -> int:
   if not _is_int(vocab):
     raise ConfigError(f"datastore {file} has no integer vocab_size")
   return vocab
-
-
-def resolve_datastore(config, target: ModelSpec, verbose: bool = True) -> None:
-  """Sets ``config.datastore`` for methods "retrieval" and "suffix": the stdlib datastore of the
-  target's tokenizer (``experiments.build_datastore.ensure_datastore``, built on first use) when
-  empty; its vocabulary must be the target's."""
-  if config.datastore == NO_DATASTORE:
-    return
-  if not config.datastore:
-    if target.path is None or config.tokenizer == "bytes":
-      raise ConfigError(f"methods 'retrieval' and 'suffix' with the byte tokenizer (target "
-                        f"{target.spec}) need datastore=<dir> (python -m "
-                        f"experiments.build_datastore; 'suffix' also runs with datastore=none)")
-    from experiments import build_datastore
-    named = target.spec != DEFAULT and _is_named(target.spec)  # e.g. smollm2-135m
-    tokenizer = config.tokenizer or (target.spec if named else target.path)
-    config.datastore = os.fspath(build_datastore.ensure_datastore(
-        tokenizer, int(config.datastore_bytes), verbose=verbose))
-  vocab = datastore_vocab(config.datastore)
-  if vocab != target.vocab_size:
-    raise ConfigError(f"datastore {config.datastore} has vocab_size {vocab} but the target "
-                      f"{target.spec} has {target.vocab_size}; build it with the target's "
-                      f"tokenizer")
-
-
-def needs_draft(config) -> bool:
-  return any(m in DRAFT_METHODS for m in config.methods)
-
-
-# ---------------------------------------------------------------------------------- checkpoints
-
-
-@dataclasses.dataclass
-class ModelSpec:
-  role: str
-  spec: str  # as configured
-  path: str | None  # checkpoint directory, None for random models
-  random_name: str | None
-  vocab_size: int
-  max_positions: int
-  hf_config: dict
-
-
-def _check_dir(role: str, path: str) -> dict:
-  if not os.path.isdir(path):
-    raise ConfigError(f"{role} checkpoint directory {path} does not exist")
-  config_file = os.path.join(path, "config.json")
-  if not os.path.isfile(config_file):
-    raise ConfigError(f"{role} checkpoint {path} has no config.json")
-  if not (os.path.isfile(os.path.join(path, "model.safetensors"))
-          or os.path.isfile(os.path.join(path, "model.safetensors.index.json"))):
-    raise ConfigError(f"{role} checkpoint {path} has no model.safetensors (nor "
-                      f"model.safetensors.index.json)")
-  try:
-    with open(config_file) as f:
-      hf = json.load(f)
-  except (OSError, json.JSONDecodeError) as e:
-    raise ConfigError(f"{role} checkpoint {config_file} is not valid JSON: {e}") from None
-  if not isinstance(hf.get("vocab_size"), int):
-    raise ConfigError(f"{role} checkpoint {config_file} has no integer vocab_size")
-  return hf
-
-
-def _is_named(spec: str) -> bool:
-  """Not a path: a registered checkpoint name (``specjax.models.checkpoints``), or a mistake."""
-  return os.sep not in spec and not os.path.exists(spec)
-
-
-def _gguf_config(role: str, spec: str) -> tuple[dict, str]:
-  """(HF config dict, file) of a GGUF checkpoint given as a path or a registered name, from its
-  metadata (specjax.models.gguf; imports specjax, after validation has passed)."""
-  from specjax.models import checkpoints, gguf
-  if not spec.lower().endswith(".gguf") and spec not in checkpoints.CHECKPOINTS:
-    raise ConfigError(f"{role} checkpoint {spec!r} is neither a directory, a .gguf file nor a "
-                      f"checkpoint name ({', '.join(sorted(checkpoints.CHECKPOINTS))})")
-  try:
-    path = checkpoints.resolve_path(spec)
-    if not os.path.isfile(path):
-      raise ValueError(f"{role} checkpoint {spec} does not exist")
-    return gguf.read_hf_config(path), path
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
-
-
-def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
-  """{role: ModelSpec} for target (and draft when a method needs it).
-
-  ``"default"`` calls ``experiments.default_pair.ensure_default_pair`` (trains the pair on first
-  use). Checks directories, files and that target and draft share one vocabulary size, reading only
-  ``config.json``.
-  """
-  specs: dict[str, ModelSpec] = {}
-  roles = ("target", "draft") if needs_draft(config) else ("target",)
-  default_dirs = None
-  # Explicit directories and random models first: a typo there fails before the default pair is
-  # (possibly) trained.
-  for role in sorted(roles, key=lambda r: config[r] in (DEFAULT, SMOLLM2_DRAFT)):
-    spec = config[role]
-    if spec.startswith(RANDOM_PREFIX):
-      from experiments import random_models
-      name = spec[len(RANDOM_PREFIX):]
-      mc = random_models.model_config(name)
-      specs[role] = ModelSpec(role, spec, None, name, mc.vocab_size, mc.max_position_embeddings,
-                              {"model_type": mc.model_type, "num_hidden_layers": mc.num_layers,
-                               "hidden_size": mc.hidden_size, "vocab_size": mc.vocab_size})
-      continue
-    if spec == DEFAULT:
-      if default_dirs is None:
-        from experiments import default_pair
-        default_dirs = default_pair.ensure_default_pair(verbose=verbose)
-      path = os.fspath(default_dirs[0 if role == "target" else 1])
-    elif spec == SMOLLM2_DRAFT:
-      target = specs.get("target")
-      if target is not None and target.vocab_size != SMOLLM2_VOCAB:  # before minutes of training
-        raise ConfigError(f"{SMOLLM2_DRAFT!r} drafts for SmolLM2 (vocab_size {SMOLLM2_VOCAB}); "
-                          f"target {target.spec} has vocab_size {target.vocab_size}")
-      from experiments import smollm2_draft
-      path = os.fspath(smollm2_draft.ensure_smollm2_draft(verbose=verbose))
-    else:
-      path = os.path.expanduser(spec)
-    if path.lower().endswith(".gguf") or _is_named(path):
-      hf, path = _gguf_config(role, path)
-    else:
-      hf = _check_dir(role, path)
-    max_pos = hf.get("max_position_embeddings", hf.get("n_positions", 1 << 30))
-    specs[role] = ModelSpec(role, spec, path, None, int(hf["vocab_size"]), int(max_pos), hf)
-  specs = {role: specs[role] for role in roles}
-  if "draft" in specs and specs["draft"].vocab_size != specs["target"].vocab_size:
-    raise ConfigError(f"vocabulary mismatch: target {specs['target'].spec} has vocab_size "
-                      f"{specs['target'].vocab_size}, draft {specs['draft'].spec} has "
-                      f"{specs['draft'].vocab_size}; target and draft must share one tokenizer")
-  if uses_retrieval(config.methods):
-    resolve_datastore(config, specs["target"], verbose)
-  hf = specs["target"].hf_config
-  layers = hf.get("num_hidden_layers", hf.get("n_layer"))
-  if "self_speculative" in config.methods and layers is not None:
-    if max(config.skip, default=-1) >= layers or len(config.skip) >= layers:
-      raise ConfigError(f"skip {list(config.skip)} does not fit the target's {layers} layers "
-                        f"(indices 0..{layers - 1}, at least one kept)")
-  room = max([*tuple(config.gammas), *(tree_nodes(t) for t in config.trees),
-              *(lookahead_tokens(spec) for spec in config.lookahead),
-              *((config.retrieval_nodes,) if uses_retrieval(config.methods) else ()), 0])
-  need = config.max_prompt_tokens + config.max_new_tokens + room + 2
-  for s in specs.values():
-    if need > s.max_positions:
-      raise ConfigError(f"max_prompt_tokens {config.max_prompt_tokens} + max_new_tokens "
-                        f"{config.max_new_tokens} (+ the largest gamma or tree + 2) = {need} exceeds "
-                        f"the {s.role} "
-                        f"model's context of {s.max_positions} positions")
-  tok = config.tokenizer
-  if tok not in ("", "bytes"):
-    return specs
-  if tok == "" and specs["target"].path is not None and os.path.isdir(specs["target"].path):
-    path = specs["target"].path
-    if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json",
-                                                               "tokenizer_config.json")):
-      raise ConfigError(f"no tokenizer files in {path}: set tokenizer to a tokenizer directory "
-                        f"(or 'bytes' for a 256-token byte vocabulary)")
-  if (tok == "bytes" or specs["target"].path is None) and specs["target"].vocab_size < 256:
-    raise ConfigError(f"the byte tokenizer needs vocab_size >= 256, the target has "
-                      f"{specs['target'].vocab_size}")
-  return specs

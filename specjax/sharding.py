@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
+from specjax import options
 from specjax.models.kv_cache import CACHE_AXES, KVCache
 
 DATA, MODEL = "data", "model"
@@ -46,7 +47,7 @@ RULES: Rules = (
     ("head_dim", None),
 )
 REPLICATED: Rules = (("batch", DATA),)  # a model replicated over ``model`` (its batch still split)
-DRAFT_SHARDINGS = ("rules", "replicated")
+DRAFT_SHARDINGS = options.DRAFT_SHARDINGS  # what sj.generate(draft_sharding=) accepts
 
 
 def make_mesh(data: int = 1, model: int | None = None,

@@ -476,6 +476,22 @@ class ErrorTest(TempDirTest):
     with self.assertRaisesRegex(FileNotFoundError, re.escape(missing)):
       hf_io.load_model(missing)
 
+  def test_head_option(self):
+    """``head="auto"`` loads a checkpoint without ``draft_vocab.json`` as it is; a checkpoint with
+    one decodes through the reduced head; anything else is refused by name."""
+    from specjax.models import reduced_vocab
+
+    self.assertNotIsInstance(hf_io.load_model(self.llama_dir, head="auto"),
+                             reduced_vocab.ReducedVocabTransformer)
+    out = _write_checkpoint(self.dir("reduced"), self.llama_config, self.llama_tensors)
+    reduced_vocab.save_vocab_ids(out, [0, 3, 5])
+    model = hf_io.load_model(out, head="auto")
+    self.assertIsInstance(model, reduced_vocab.ReducedVocabTransformer)
+    self.assertEqual(np.asarray(model.kept_ids).tolist(), [0, 3, 5])
+    self.assertNotIsInstance(hf_io.load_model(out), reduced_vocab.ReducedVocabTransformer)
+    with self.assertRaisesRegex(ValueError, r"head must be 'full' or 'auto', got 'small'"):
+      hf_io.load_model(out, head="small")
+
   def test_missing_config(self):
     out = self.dir("empty")
     os.makedirs(out)

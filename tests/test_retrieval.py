@@ -425,7 +425,7 @@ class RunnerTest(absltest.TestCase):
       runconfig.validate(config)
 
   def test_datastore_checks_and_build_from_files(self):
-    from experiments import build_datastore, runconfig
+    from experiments import build_datastore, resolve, runconfig
     with tempfile.TemporaryDirectory() as tmp:
       for name, text in (("a.txt", "5 6 7 0 8"), ("b.txt", "9 9"), ("c.bin", "1")):
         with open(f"{tmp}/{name}", "w") as f:
@@ -439,18 +439,18 @@ class RunnerTest(absltest.TestCase):
       config = runconfig.base_config()
       config.methods, config.datastore = ("retrieval",), path
       runconfig.validate(config)
-      target = runconfig.ModelSpec("target", "t", "/t", None, 100, 512, {})
-      runconfig.resolve_datastore(config, target)
+      target = resolve.ModelSpec("target", "t", "/t", None, 100, 512, {})
+      resolve.resolve_datastore(config, target)
       with self.assertRaisesRegex(runconfig.ConfigError, rf"^datastore {path} has vocab_size 100 "
                                   r"but the target t has 7; build it with the target's "
                                   r"tokenizer$"):
-        runconfig.resolve_datastore(config, dataclasses.replace(target, vocab_size=7))
+        resolve.resolve_datastore(config, dataclasses.replace(target, vocab_size=7))
       config.datastore = tmp
       with self.assertRaisesRegex(runconfig.ConfigError, rf"^datastore {tmp} is not a datastore "):
         runconfig.validate(config)
       config.methods, config.datastore = ("suffix",), "none"  # the rows' own text alone
       runconfig.validate(config)
-      runconfig.resolve_datastore(config, target)
+      resolve.resolve_datastore(config, target)
       self.assertEqual(config.datastore, "none")
       config.methods = ("retrieval", "suffix")
       with self.assertRaisesRegex(runconfig.ConfigError, r"^method 'retrieval' needs a datastore; "

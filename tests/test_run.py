@@ -18,7 +18,7 @@ from absl.testing import absltest, parameterized
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = ("tiny", "default", "leviathan", "chen", "compare_hf", "bench", "self_speculative",
            "tree", "eagle2_tree", "spectr", "prompt_lookup", "jacobi", "lookahead", "retrieval",
-           "smollm2", "draft_free")
+           "smollm2", "draft_free", "smoke")
 FAIL_FAST_SECONDS = 30  # generous for a loaded machine; a bad config takes ~0.3s when idle
 
 
@@ -443,6 +443,7 @@ class SearchSkipTest(absltest.TestCase):
 
   def test_search_then_run_the_config(self):
     from experiments import run, runconfig, search_skip
+    from specjax import costs
 
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, "self_speculative.py")
@@ -456,8 +457,8 @@ class SearchSkipTest(absltest.TestCase):
       for r in rows:
         self.assertGreater(r["cost_ratio"], 0)
         self.assertEqual(r["gamma"], 1)
-        self.assertAlmostEqual(r["speedup"], run.modelled_speedup(r["acceptance"], 1,
-                                                                   r["iteration_cost"]))
+        self.assertAlmostEqual(r["speedup"], costs.modelled_speedup(r["acceptance"], 1,
+                                                                     r["iteration_cost"]))
       self.assertEqual(result["best"], rows[1])  # the skip sets' best; skipping none is the
       # reference, never the choice (here the only set of one layer: max_skip=1)
       config = _load_config_module("written", path).get_config(
@@ -627,25 +628,46 @@ class SpecTrExactTest(absltest.TestCase):
 class TreeVsChainTest(absltest.TestCase):
   """experiments/tree_vs_chain.py: tree specs, and the comparison on tiny random models."""
 
-  def test_mirrored_constants(self):
-    """runconfig copies two of specjax's name lists (it must validate before JAX is imported):
-    the copies stay equal to the originals."""
-    from experiments import runconfig
-    from specjax import sharding
-    from specjax.proposers import draft_tree
+  def test_method_table_builds_every_method(self):
+    """One ``METHODS`` entry per runner method: each builds its method (an ``sj`` method, or
+    transformers' generate arguments) from a config and a setting, and validation, the sweep
+    and the pass widths read the same entries."""
+    import specjax as sj
+    from experiments import methods, random_models, runconfig
 
-    self.assertEqual(runconfig.TREE_CHILDREN, draft_tree.CHILDREN)
-    self.assertEqual(runconfig.DRAFT_SHARDINGS, sharding.DRAFT_SHARDINGS)
+    draft, _ = random_models.random_pair(seed=0)
+    config = _load_config_module("tiny").get_config(
+        "trees=full:2x2,lookahead=2x3x2,gammas=2,datastore=none,retrieval_nodes=4")
+    # Every specjax method (REST's "retrieval" needs a datastore on disk; "suffix", the same
+    # proposer, runs on the rows' own text).
+    config.methods = tuple(m for m, e in methods.METHODS.items() if not e.hf and m != "retrieval")
+    runconfig.validate(config)
+    built = {}
+    for name in config.methods:
+      for value in runconfig.sweep_values(config, name):
+        setting = runconfig.setting(config, name, value)
+        built[name] = methods.METHODS[name].build(config, setting, {"draft": draft})
+        self.assertGreaterEqual(methods.METHODS[name].pass_tokens(config, setting), 0)
+    self.assertIsInstance(built["speculative"], sj.Speculative)
+    self.assertIsInstance(built["tree"], sj.TreeSpeculative)
+    self.assertEqual(built["lookahead"], sj.Lookahead(window=2, ngram=3, guesses=2))
+    self.assertEqual(built["suffix"].per_request, True)
+    self.assertEqual(runconfig.pass_room(config), (2 + 2) * (3 - 1) - 1)  # the lookahead window
+    self.assertEqual(methods.METHODS["hf_prompt_lookup"].build(
+        config, runconfig.setting(config, "hf_prompt_lookup", 3), {}),
+        dict(prompt_lookup_num_tokens=3, max_matching_ngram_size=int(config.max_ngram)))
+    for name, entry in methods.METHODS.items():  # every counterpart is a transformers method
+      self.assertTrue(entry.counterpart is None or methods.METHODS[entry.counterpart].hf, name)
 
   def test_parse_tree(self):
     """Tree specs (the runner's grammar, which tree_vs_chain shares) -> methods."""
     import specjax as sj
-    from experiments import random_models, run, runconfig
+    from experiments import methods, random_models, runconfig
 
     draft, _ = random_models.random_pair(seed=0)
 
     def method(spec):
-      return run.tree_method(spec, draft)
+      return methods.tree_method(spec, draft)
 
     self.assertEqual(method("full:2x3")[2], 3 + 9)
     self.assertEqual(method("chains:2x4")[1].tree.num_nodes, 8)

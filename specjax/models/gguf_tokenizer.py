@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from typing import Any
+
+from specjax.cache import atomic_path
+from specjax.models.gguf import _cache_files, _open  # one reader and one cache key per file
 
 # llama.cpp's token types (gguf.TokenType): CONTROL tokens are special; USER_DEFINED ones are
 # matched whole in the text but are not special.
@@ -61,8 +65,6 @@ def _field(reader, key: str, default: Any = None) -> Any:
 def read_tokenizer_metadata(path: str | os.PathLike) -> dict[str, Any]:
   """The ``tokenizer.ggml.*`` metadata of a GGUF file (and its chat template) as a plain dict,
   under llama.cpp's key names without the ``tokenizer.ggml.`` prefix, plus ``name``."""
-  from specjax.models.gguf import _open  # one reader, one error message for broken files
-
   path = os.fspath(path)
   reader = _open(path)
   keys = ("model", "pre", "tokens", "merges", "token_type", "bos_token_id", "eos_token_id",
@@ -141,3 +143,26 @@ def build_tokenizer(meta: dict[str, Any]):
       tokenizer_object=backend, bos_token=bos, eos_token=eos, unk_token=token("unknown_token_id"),
       pad_token=token("padding_token_id"), chat_template=meta["chat_template"],
       add_bos_token=add_bos, add_eos_token=add_eos, clean_up_tokenization_spaces=False)
+
+
+def load_gguf_tokenizer(path: str | os.PathLike):
+  """The GGUF file's tokenizer (``build_tokenizer``: no torch), cached.
+
+  Reading the vocabulary from the file takes seconds, so the tokenizer is saved with
+  ``save_pretrained`` next to the converted weights and reloaded from there.
+  """
+  from transformers import PreTrainedTokenizerFast
+
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"GGUF file {path} does not exist")
+  _, cached = _cache_files(path)
+  if cached.is_dir():
+    return PreTrainedTokenizerFast.from_pretrained(cached, local_files_only=True)
+  tokenizer = build_tokenizer(read_tokenizer_metadata(path))
+  try:
+    with atomic_path(cached) as tmp:
+      tokenizer.save_pretrained(tmp)
+  except OSError as e:
+    warnings.warn(f"could not cache the tokenizer of GGUF file {path} at {cached}: {e}")
+  return tokenizer

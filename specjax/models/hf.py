@@ -1,37 +1,27 @@
-"""Hugging Face checkpoints <-> ``Transformer``: safetensors load/save and the tokenizer.
+"""Hugging Face checkpoints <-> ``Transformer``: safetensors load/save, the tokenizer, and the
+front door that also reads GGUF files and named checkpoints.
 
-One name-mapping table (``hf_layout``) describes, for a ``ModelConfig``, every Hugging Face tensor and
-the ``Transformer`` parameter(s) it holds. Both directions go through it:
-
-* ``params_to_hf(model)`` walks the table and produces HF-named, HF-laid-out numpy arrays
-  (``save_model`` writes them, shard by shard);
-* ``params_from_hf(config, tensors)`` walks the same table backwards (``load_model`` feeds it a lazy
-  view of the safetensors files).
-
-Layout rules: our kernels are ``[in, out]``. A ``torch.nn.Linear`` weight is ``[out, in]`` (Llama
-family, untied ``lm_head``) -> transposed. GPT-2's ``Conv1D`` weights are already ``[in, out]``, and
-its ``c_attn`` packs q, k, v along the output axis -> split / concatenated. Embeddings (``[vocab,
-hidden]``) and norm/bias vectors are copied as they are. ``inv_freq`` is not a parameter: it is
-derived from the config and never saved.
-
-Only safetensors are read; pickled ``pytorch_model.bin`` files are refused (they can run code).
+The tensor mapping lives in ``hf_layout`` (shared with ``gguf``); this module finds the files,
+reads ``config.json``, writes checkpoints shard by shard, and dispatches ``.gguf`` paths to
+``gguf``. Only safetensors are read; pickled ``pytorch_model.bin`` files are refused (they can run
+code).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import os
 import re
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
+from specjax.models import checkpoints, gguf, gguf_tokenizer, reduced_vocab
+from specjax.models.config import from_hf_dict, to_hf_dict
+from specjax.models.hf_layout import (  # noqa: F401 -- hf_layout, params_*: re-exported
+    Entry, _hf_shape, _iter_hf_tensors, _SafetensorsReader, hf_layout, params_from_hf, params_to_hf)
 from specjax.models.transformer import Transformer
 
 CONFIG_NAME = "config.json"
@@ -39,291 +29,6 @@ GENERATION_CONFIG_NAME = "generation_config.json"
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 _SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
-
-# How one HF tensor relates to our parameter(s).
-COPY = "copy"  # same array (embeddings, norms, biases, GPT-2 Conv1D weights)
-TRANSPOSE = "transpose"  # torch Linear [out, in] <-> our kernel [in, out]
-CONCAT = "concat"  # GPT-2 c_attn: q, k, v concatenated along the last (output) axis
-
-Path = tuple  # an nnx state path, e.g. ("layers", 0, "attn", "q", "kernel")
-
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-  """One Hugging Face tensor ``hf_name`` and the ``Transformer`` parameter paths it holds."""
-
-  hf_name: str
-  kind: str  # COPY | TRANSPOSE | CONCAT
-  paths: tuple[Path, ...]
-
-
-# Names that HF checkpoints may carry but that are not parameters (buffers, derived from the config);
-# they are skipped on load. Matched against canonical names (see ``_canonical_name``).
-_IGNORED_BUFFERS = {
-    "llama": re.compile(r"^model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$"),
-    "gpt2": re.compile(r"^transformer\.h\.\d+\.attn\.(bias|masked_bias)$"),  # causal-mask buffers
-}
-
-
-# --------------------------------------------------------------------------------------------------
-# The name-mapping table.
-
-
-def hf_layout(config: ModelConfig) -> list[Entry]:
-  """Every HF tensor of a checkpoint for ``config``, in HF's order, with the params it maps to."""
-  c = config
-  table: list[Entry] = []
-
-  def add(hf_name: str, kind: str, *paths: Path) -> None:
-    table.append(Entry(hf_name, kind, tuple(paths)))
-
-  if c.model_type == "gpt2":
-    if not (c.attention_bias and c.attention_out_bias and c.mlp_bias):
-      raise ValueError("GPT-2 checkpoints have biases everywhere: the config needs attention_bias, "
-                       "attention_out_bias and mlp_bias set to True")
-    add("transformer.wte.weight", COPY, ("embed",))
-    add("transformer.wpe.weight", COPY, ("pos_embed",))
-    for i in range(c.num_layers):
-      h, layer = f"transformer.h.{i}.", ("layers", i)
-      for hf_norm, norm in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
-        add(f"{h}{hf_norm}.weight", COPY, layer + (norm, "scale"))
-        add(f"{h}{hf_norm}.bias", COPY, layer + (norm, "bias"))
-      for leaf, hf_leaf in (("kernel", "weight"), ("bias", "bias")):
-        add(f"{h}attn.c_attn.{hf_leaf}", CONCAT,
-            *(layer + ("attn", proj, leaf) for proj in ("q", "k", "v")))
-        add(f"{h}attn.c_proj.{hf_leaf}", COPY, layer + ("attn", "o", leaf))
-        add(f"{h}mlp.c_fc.{hf_leaf}", COPY, layer + ("mlp", "up", leaf))
-        add(f"{h}mlp.c_proj.{hf_leaf}", COPY, layer + ("mlp", "down", leaf))
-    add("transformer.ln_f.weight", COPY, ("final_norm", "scale"))
-    add("transformer.ln_f.bias", COPY, ("final_norm", "bias"))
-  else:  # Llama family: torch Linear layers.
-    add("model.embed_tokens.weight", COPY, ("embed",))
-    for i in range(c.num_layers):
-      p, layer = f"model.layers.{i}.", ("layers", i)
-
-      def linear(hf_name: str, path: Path, bias: bool) -> None:
-        add(f"{hf_name}.weight", TRANSPOSE, path + ("kernel",))
-        if bias:
-          add(f"{hf_name}.bias", COPY, path + ("bias",))
-
-      add(f"{p}input_layernorm.weight", COPY, layer + ("attn_norm", "scale"))
-      for proj in ("q", "k", "v"):
-        linear(f"{p}self_attn.{proj}_proj", layer + ("attn", proj), c.attention_bias)
-      linear(f"{p}self_attn.o_proj", layer + ("attn", "o"), c.attention_out_bias)
-      add(f"{p}post_attention_layernorm.weight", COPY, layer + ("mlp_norm", "scale"))
-      for proj in ("gate", "up", "down"):
-        linear(f"{p}mlp.{proj}_proj", layer + ("mlp", proj), c.mlp_bias)
-    add("model.norm.weight", COPY, ("final_norm", "scale"))
-  if not c.tie_word_embeddings:
-    add("lm_head.weight", TRANSPOSE, ("lm_head",))
-  return table
-
-
-def _hf_shape(entry: Entry, shapes: Mapping[Path, tuple[int, ...]]) -> tuple[int, ...]:
-  """The HF tensor's shape, from the shapes of the parameters it holds."""
-  first = tuple(shapes[entry.paths[0]])
-  if entry.kind == COPY:
-    return first
-  if entry.kind == TRANSPOSE:
-    return first[::-1]
-  return first[:-1] + (sum(shapes[p][-1] for p in entry.paths),)
-
-
-def _to_hf(entry: Entry, arrays: Sequence[np.ndarray]) -> np.ndarray:
-  if entry.kind == COPY:
-    out = arrays[0]
-  elif entry.kind == TRANSPOSE:
-    out = arrays[0].T
-  else:
-    out = np.concatenate(arrays, axis=-1)
-  return np.ascontiguousarray(out)
-
-
-def _from_hf(entry: Entry, tensor: jax.Array,
-             shapes: Mapping[Path, tuple[int, ...]]) -> list[jax.Array]:
-  if entry.kind == COPY:
-    return [tensor]
-  if entry.kind == TRANSPOSE:
-    return [tensor.T]
-  splits = np.cumsum([shapes[p][-1] for p in entry.paths])[:-1]
-  return list(jnp.split(tensor, splits, axis=-1))
-
-
-# --------------------------------------------------------------------------------------------------
-# Model -> HF tensors.
-
-
-def _iter_hf_tensors(model: Transformer, table: Sequence[Entry] | None = None,
-                     ) -> Iterator[tuple[str, np.ndarray]]:
-  """(HF name, HF-laid-out host array) per table entry; one tensor is materialised at a time."""
-  params = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-  for entry in table if table is not None else hf_layout(model.config):
-    arrays = [np.asarray(params[p].get_value()) for p in entry.paths]
-    yield entry.hf_name, _to_hf(entry, arrays)
-
-
-def params_to_hf(model: Transformer) -> dict[str, np.ndarray]:
-  """All parameters as ``{HF tensor name: numpy array}`` in HF layout and the model's dtype
-  (bfloat16 as ``ml_dtypes.bfloat16``). The inverse of ``params_from_hf``."""
-  return dict(_iter_hf_tensors(model))
-
-
-# --------------------------------------------------------------------------------------------------
-# HF tensors -> model.
-
-
-def _canonical_name(config: ModelConfig, name: str) -> str:
-  """Adds the base-model prefix that headless checkpoints (e.g. the original ``gpt2``) omit."""
-  prefix = "transformer." if config.model_type == "gpt2" else "model."
-  if name.startswith((prefix, "lm_head.")):
-    return name
-  return prefix + name
-
-
-def _tensor_shape(tensors: Mapping[str, Any], name: str) -> tuple[int, ...]:
-  shape_fn = getattr(tensors, "shape", None)
-  if callable(shape_fn):  # _SafetensorsReader: from the header, without reading the data
-    return tuple(shape_fn(name))
-  return tuple(tensors[name].shape)
-
-
-def params_from_hf(config: ModelConfig, tensors: Mapping[str, Any], source: str = "checkpoint",
-                   mesh=None, sharding_rules=None) -> Transformer:
-  """Builds a ``Transformer`` for ``config`` from HF-named tensors (the inverse of ``params_to_hf``).
-
-  ``tensors`` maps HF names to arrays (numpy, jax, or anything ``jnp.asarray`` takes); it may be
-  lazy: every name and shape is checked first (via ``tensors.shape(name)`` when it has one), then
-  each tensor is read, converted to ``config.dtype`` and placed, one at a time.
-
-  The module is built abstractly (``nnx.eval_shape``: shapes only, no random initialisation), so the
-  only full copy of the weights is the one being filled in; the host holds at most the one checkpoint
-  tensor being converted (plus its converted copy) on top of it.
-
-  Names tolerated and skipped: HF's non-parameter buffers (``rotary_emb.inv_freq``; GPT-2's
-  ``attn.bias`` / ``attn.masked_bias`` causal masks) and, in a tied checkpoint, an ``lm_head.weight``
-  of the embedding's shape: with tied embeddings the head *is* the embedding, which is also what
-  transformers uses. Any other extra name, a missing name or a wrong shape is a ``ValueError``.
-
-  ``mesh``: each tensor goes onto the mesh by ``sharding_rules`` (``specjax.sharding``) as soon as
-  it is converted, each device receiving its own shard; no device ever holds the whole model.
-  """
-  abstract = nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(0)))
-  graphdef, abstract_state = nnx.split(abstract)
-  place = lambda path, value: value
-  if mesh is not None:
-    from specjax import sharding  # here: sharding imports the models package
-    placement = sharding.placement(mesh, sharding_rules)
-    sharding.check_divisible(config, abstract_state, placement.mesh, placement.rules, "model")
-    shard_of = {path: var.get_value() for path, var in nnx.to_flat_state(
-        sharding.shardings(abstract_state, placement.mesh, placement.rules))}
-    place = lambda path, value: sharding.put(value, shard_of[path])
-  flat = list(nnx.to_flat_state(abstract_state))
-  shapes = {path: tuple(var.get_value().shape) for path, var in flat}
-  table = hf_layout(config)
-
-  covered = [p for e in table for p in e.paths]
-  params = {path for path, var in flat if isinstance(var, nnx.Param)}
-  if sorted(map(str, covered)) != sorted(map(str, params)):  # a bug in hf_layout, not in the data
-    raise AssertionError(f"hf_layout does not cover the model's parameters exactly: "
-                         f"{set(map(str, covered)) ^ set(map(str, params))}")
-
-  # Names: canonical -> as stored.
-  stored: dict[str, str] = {}
-  for name in tensors.keys():
-    canonical = _canonical_name(config, name)
-    if canonical in stored:
-      raise ValueError(f"{source}: tensor {name!r} appears twice (as {stored[canonical]!r})")
-    stored[canonical] = name
-  expected = {e.hf_name: _hf_shape(e, shapes) for e in table}
-  missing = [n for n in expected if n not in stored]
-  if missing:
-    more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-    raise ValueError(f"{source}: missing tensor {missing[0]!r}{more} for model_type "
-                     f"{config.model_type!r}")
-  ignored = _IGNORED_BUFFERS["gpt2" if config.model_type == "gpt2" else "llama"]
-  embed_shape = (config.vocab_size, config.hidden_size)
-  for name in stored:
-    if name in expected or ignored.match(name):
-      continue
-    if (name == "lm_head.weight" and config.tie_word_embeddings
-        and _tensor_shape(tensors, stored[name]) == embed_shape):
-      continue
-    raise ValueError(f"{source}: unexpected tensor {stored[name]!r} (not a parameter of a "
-                     f"{config.model_type!r} model with this config)")
-  for name, shape in expected.items():
-    actual = _tensor_shape(tensors, stored[name])
-    if actual != shape:
-      raise ValueError(f"{source}: tensor {stored[name]!r} has shape {actual}, expected {shape}")
-
-  dtype = jnp.dtype(config.dtype)
-  values: dict[Path, jax.Array] = {}
-  for entry in table:
-    tensor = jnp.asarray(tensors[stored[entry.hf_name]]).astype(dtype)  # cast first: less to move
-    for path, value in zip(entry.paths, _from_hf(entry, tensor, shapes)):
-      values[path] = place(path, value)
-    del tensor
-  if config.is_llama_family:
-    values[("inv_freq",)] = place(("inv_freq",), jnp.asarray(rope_inverse_frequencies(config)))
-  for path, var in flat:
-    if path not in values:
-      raise AssertionError(f"no value for model variable {path}")
-    var.set_value(values.pop(path))
-  return nnx.merge(graphdef, nnx.from_flat_state(flat))
-
-
-class _SafetensorsReader(Mapping):
-  """A lazy ``{name: tensor}`` view over safetensors files (read with ``safe_open``).
-
-  Tensors come back as jax arrays: ``framework="numpy"`` cannot represent bfloat16, while
-  ``framework="flax"`` can (and places each tensor on the default device straight away).
-  """
-
-  def __init__(self, files: Sequence[str]):
-    from safetensors import SafetensorError, safe_open
-
-    self._error_type = SafetensorError
-    self._stack = contextlib.ExitStack()
-    self._handles: dict[str, Any] = {}
-    self._file_of: dict[str, str] = {}
-    try:
-      for file in files:
-        handle = self._guard(file, lambda: self._stack.enter_context(safe_open(file, "flax")))
-        for name in handle.keys():
-          if name in self._file_of:
-            raise ValueError(f"tensor {name!r} appears in both {self._file_of[name]} and {file}")
-          self._handles[name] = handle
-          self._file_of[name] = file
-    except BaseException:
-      self._stack.close()
-      raise
-
-  def _guard(self, file: str, fn: Callable[[], Any]) -> Any:
-    try:
-      return fn()
-    except self._error_type as e:
-      raise ValueError(f"cannot read safetensors file {file} (truncated or corrupt?): {e}") from e
-
-  def shape(self, name: str) -> tuple[int, ...]:
-    return tuple(self._guard(self._file_of[name],
-                             lambda: self._handles[name].get_slice(name).get_shape()))
-
-  def __getitem__(self, name: str) -> jax.Array:
-    if name not in self._handles:
-      raise KeyError(name)
-    return self._guard(self._file_of[name], lambda: self._handles[name].get_tensor(name))
-
-  def __iter__(self):
-    return iter(self._handles)
-
-  def __len__(self) -> int:
-    return len(self._handles)
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self._stack.close()
-
 
 def _read_json(file: str) -> Any:
   try:
@@ -362,8 +67,8 @@ def _dtype_name(dtype: Any) -> str | None:
   return jnp.dtype(dtype).name
 
 
-def load_model(path: str | os.PathLike, dtype: Any = None, mesh=None,
-               sharding_rules=None) -> Transformer:
+def load_model(path: str | os.PathLike, dtype: Any = None, mesh=None, sharding_rules=None,
+               head: str = "full") -> Transformer:
   """Loads a Hugging Face checkpoint directory (``config.json`` + safetensors) as a ``Transformer``.
 
   Args:
@@ -375,6 +80,9 @@ def load_model(path: str | os.PathLike, dtype: Any = None, mesh=None,
     mesh: a ``("data", "model")`` mesh (``specjax.sharding.make_mesh``): each tensor is placed on
       it by ``sharding_rules`` (default ``specjax.sharding.RULES``) as it is read, so that no
       device holds more than its shards (see ``params_from_hf``).
+    head: ``"full"``, or ``"auto"``: a draft checkpoint with ``reduced_vocab.VOCAB_FILE`` beside
+      its weights decodes through the reduced head those ids name (``reduced_vocab``: q = 0
+      outside them, lossless, cheaper); one without it loads as it is.
 
   Memory: the module is built abstractly and filled tensor by tensor from memory-mapped files, so
   the host never holds two full copies of the weights (see ``params_from_hf``).
@@ -384,8 +92,8 @@ def load_model(path: str | os.PathLike, dtype: Any = None, mesh=None,
     ValueError: unsupported ``model_type``/dtype, missing/unexpected tensor, wrong shape, or a
       truncated/corrupt safetensors file (each message names the offender).
   """
-  from specjax.models import checkpoints, gguf  # here: gguf imports this module
-
+  if head not in ("full", "auto"):
+    raise ValueError(f"head must be 'full' or 'auto', got {head!r}")
   path = checkpoints.resolve_path(path)
   if path.lower().endswith(".gguf"):
     return gguf.load_gguf(path, dtype=_dtype_name(dtype), mesh=mesh,
@@ -397,7 +105,9 @@ def load_model(path: str | os.PathLike, dtype: Any = None, mesh=None,
     raise FileNotFoundError(f"{config_file} does not exist")
   config = from_hf_dict(_read_json(config_file), dtype=_dtype_name(dtype))
   with _SafetensorsReader(_weight_files(path)) as tensors:
-    return params_from_hf(config, tensors, source=path, mesh=mesh, sharding_rules=sharding_rules)
+    model = params_from_hf(config, tensors, source=path, mesh=mesh, sharding_rules=sharding_rules)
+  ids = reduced_vocab.load_vocab_ids(path) if head == "auto" else None
+  return model if ids is None else reduced_vocab.reduce_vocab(model, ids)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -489,11 +199,9 @@ def save_model(model: Transformer, path: str | os.PathLike,
 def load_tokenizer(path: str | os.PathLike):
   """``transformers.AutoTokenizer`` from a local directory, a ``.gguf`` file or a checkpoint name
   (never the network)."""
-  from specjax.models import checkpoints, gguf
-
   path = checkpoints.resolve_path(path)
   if path.lower().endswith(".gguf"):
-    return gguf.load_gguf_tokenizer(path)
+    return gguf_tokenizer.load_gguf_tokenizer(path)
   if not os.path.isdir(path):
     raise FileNotFoundError(f"tokenizer directory {path} does not exist")
   from transformers import AutoTokenizer

@@ -10,8 +10,8 @@ proposed is still emitted through the residual ``norm((p - q)+)``). Everything b
 head rows.
 
 On disk the draft is a plain checkpoint with its full head (what ``transformers`` loads for
-assisted generation) and ``VOCAB_FILE`` beside it listing the kept ids; ``load_reduced`` reads
-both.
+assisted generation) and ``VOCAB_FILE`` beside it listing the kept ids;
+``sj.load_model(path, head="auto")`` reads both.
 """
 
 from __future__ import annotations
@@ -98,12 +98,3 @@ def load_vocab_ids(path: str | os.PathLike) -> np.ndarray | None:
   if not isinstance(data, dict) or not isinstance(data.get("ids"), list):
     raise ValueError(f"{file}: expected an object with an 'ids' list")
   return np.asarray(data["ids"], np.int64)
-
-
-def load_reduced(path: str | os.PathLike, dtype=None) -> Transformer:
-  """``sj.load_model(path)``, reduced to the ids of its ``VOCAB_FILE`` when it has one."""
-  from specjax.models.hf import load_model
-
-  model = load_model(path, dtype=dtype)
-  ids = load_vocab_ids(path)
-  return model if ids is None else reduce_vocab(model, ids)

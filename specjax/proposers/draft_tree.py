@@ -39,10 +39,10 @@ from flax import nnx
 
 from specjax import sampling as sampling_lib
 from specjax.models.kv_cache import KVCache, compact_path, init_cache
+from specjax.options import TREE_CHILDREN as CHILDREN
 from specjax.proposers.base import TREE, Candidates, Outcome
 from specjax.trees import Tree
 
-CHILDREN = ("sampled", "top_k", "iid")
 _RULE = {"sampled": "without_replacement", "top_k": "one_hot", "iid": "with_replacement"}
 
 
