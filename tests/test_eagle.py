@@ -83,28 +83,43 @@ def _head_logits(graphdefs, states, width, tokens, features):
   return target.project(hidden), hidden
 
 
-def reference_accepted(target, head, prompt, out, gamma: int, budget: int) -> int:
-  """Accepted drafts of greedy EAGLE over ``prompt`` for ``budget`` tokens (``out``: the greedy
-  tokens, ``budget + gamma`` or more), by the algorithm's definition and no cache bookkeeping:
-  each iteration recomputes the target's features of the whole context in one full pass and the
-  head's states from scratch (causal passes over one fixed width, padded at the end)."""
-  width = len(prompt) + budget + gamma + 2
+def reference_accepted(target, head, prompt, out, tree: sj.Tree, budget: int) -> int:
+  """Accepted drafts of greedy EAGLE with top-k children on ``tree`` (a chain: ``Tree.chains(1,
+  gamma)``) over ``prompt`` for ``budget`` tokens (``out``: the greedy tokens, ``budget + depth``
+  or more), by the algorithm's definition and no cache bookkeeping: each iteration recomputes the
+  target's features of the whole context in one full pass, and the head's guess at every node
+  from scratch over the context's pairs and the node's path (causal passes over one fixed
+  width, padded at the end); the target's greedy walk then accepts the longest matching path."""
+  width = len(prompt) + budget + tree.max_depth + 2
   pad = lambda ids: jnp.asarray([list(ids) + [0] * (width - len(ids))], jnp.int32)
   (tg, ts), (hg, hs) = nnx.split(target), nnx.split(head)
   out = [int(t) for t in out]
   seq, accepted, done = list(prompt) + out[:1], 0, 1
   while done < budget:
     feats = _features(tg, ts, width, pad(seq[:-1]))  # f_t at t < L: all but the pending token
-    pairs, drafts = list(seq[1:]), []  # pair t: (token t + 1, f_t)
-    for _ in range(gamma):
-      logits, hidden = _head_logits((hg, tg), (hs, ts), width, pad(pairs), feats)
-      last = len(pairs) - 1
-      drafts.append(int(jnp.argmax(logits[0, last])))
-      feats = feats.at[0, last + 1].set(hidden[0, last])  # the draft's pair: its own guess
-      pairs.append(drafts[-1])
-    n = 0
-    while n < gamma and drafts[n] == out[done + n]:
-      n += 1
+    context = list(seq[1:])  # pair t: (token t + 1, f_t); the last is the pending token's
+
+    def guess(path_tokens, path_guesses):  # (logits, feature guess) after a path below the root
+      f = feats
+      for i, g in enumerate(path_guesses):
+        f = f.at[0, len(context) + i].set(g)
+      logits, hidden = _head_logits((hg, tg), (hs, ts), width, pad(context + path_tokens), f)
+      last = len(context) + len(path_tokens) - 1
+      return np.asarray(logits[0, last]), hidden[0, last]
+
+    nodes = {-1: guess([], []) + ([], [])}  # node -> (logits, guess, path tokens, path guesses)
+    tokens = []
+    for i, (parent, rank) in enumerate(zip(tree.parents, tree.ranks)):
+      logits, parent_guess, path, guesses = nodes[parent]
+      tokens.append(int(np.argsort(-logits, kind="stable")[rank]))
+      path, guesses = path + [tokens[-1]], guesses + [parent_guess]
+      nodes[i] = guess(path, guesses) + (path, guesses)
+    node, n = -1, 0
+    while True:
+      match = [i for i, p in enumerate(tree.parents) if p == node and tokens[i] == out[done + n]]
+      if not match:
+        break
+      node, n = match[0], n + 1
     accepted += n
     seq += out[done:done + n + 1]
     done += n + 1
@@ -154,21 +169,24 @@ class GreedyTest(parameterized.TestCase):
       np.testing.assert_array_equal(out.tokens, ar.tokens)
       self.assertEqual(int(out.stats.target_calls), 1 + -(-(new - 1) // (method.gamma + 1)))
 
-  def test_acceptance_equals_reference(self):
+  @parameterized.named_parameters(("chain", None), ("tree", TREE))
+  def test_acceptance_equals_reference(self, tree):
     """Every row accepts exactly as many drafts as the cache-free reference; a head fed features
     one position stale (the mutation) does not."""
     target, head = bigram_pair()
-    gamma, noise = 3, jax.random.normal(jax.random.key(5), (TF_CONFIG.hidden_size,) * 2)
+    noise = jax.random.normal(jax.random.key(5), (TF_CONFIG.hidden_size,) * 2)
     e = TF_CONFIG.hidden_size  # the features now matter: fc = [I; noise]
     head.fc.kernel.set_value(head.fc.kernel.get_value().at[e:].set(0.3 * noise))
+    method = (sj.Eagle(head, gamma=3) if tree is None else
+              sj.Eagle(head, tree=tree, children="top_k"))
+    shape = sj.Tree.chains(num=1, depth=3) if tree is None else tree
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7], [1, 8, 2, 8, 1], [11]]
-    run = lambda: sj.generate(target, prompts, sj.Eagle(head, gamma=gamma),
-                              max_new_tokens=GREEDY_NEW)
+    run = lambda: sj.generate(target, prompts, method, max_new_tokens=GREEDY_NEW)
     out = run()
-    longer = sj.generate(target, prompts, max_new_tokens=GREEDY_NEW + gamma + 1).tokens
-    reference = [reference_accepted(target, head, p, longer[b], gamma, GREEDY_NEW)
+    longer = sj.generate(target, prompts, max_new_tokens=GREEDY_NEW + shape.max_depth + 1).tokens
+    reference = [reference_accepted(target, head, p, longer[b], shape, GREEDY_NEW)
                  for b, p in enumerate(prompts)]
-    self.assertBetween(sum(reference), 1, 3 * 4 * GREEDY_NEW // 4 - 1)  # some, not all
+    self.assertBetween(sum(reference), 1, len(prompts) * (GREEDY_NEW - 1) - 1)  # some, not all
     np.testing.assert_array_equal(out.stats.accepted, reference)
 
     clean_commit = eagle_lib.commit
