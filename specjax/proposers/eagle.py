@@ -7,8 +7,9 @@ with the *target's* features (the repository recomputes the accepted positions f
 verification pass's hidden states): ``commit`` keeps, per row, the ``n + 1`` pairs the iteration
 made true (the accepted path's tokens and the token after it, with the target's features at the
 pending token and along the path, ``Outcome.features``), and the next ``propose`` feeds them in
-its first head pass, so every iteration costs ``gamma`` head passes (its first over ``depth + 1``
-tokens; rows with fewer pairs pad, and their pads stay past the committed length).
+its first head pass (over ``depth + 1`` tokens; rows with fewer pairs pad, and their pads stay
+past the committed length), so a chain's iteration costs ``gamma`` head passes, a tree's
+``depth``.
 
 Invariant between iterations: the head's committed length is the target's minus ``count``
 (the pairs waiting); the last waiting pair is the pending token's, with the target's feature
