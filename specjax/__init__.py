@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 # Public name -> the module that defines it (a module name alone: the name is that submodule).
 _EXPORTS = {
-    "Autoregressive": "specjax.decoding.methods", "Jacobi": "specjax.decoding.methods",
+    "Autoregressive": "specjax.decoding.methods", "Eagle": "specjax.decoding.methods",
+    "Jacobi": "specjax.decoding.methods",
     "Lookahead": "specjax.decoding.methods", "PromptLookup": "specjax.decoding.methods",
     "SelfSpeculative": "specjax.decoding.methods", "SpecTr": "specjax.decoding.methods",
     "Speculative": "specjax.decoding.methods", "TreeSpeculative": "specjax.decoding.methods",
     "GenerateOutput": "specjax.decoding.generate", "compile_generate": "specjax.decoding.generate",
     "generate": "specjax.decoding.generate",
     "DecodeStats": "specjax.decoding.stats",
+    "load_head": "specjax.heads.layout", "save_head": "specjax.heads.layout",
     "ModelConfig": "specjax.models.config",
     "load_model": "specjax.models.hf", "load_tokenizer": "specjax.models.hf",
     "save_model": "specjax.models.hf",
@@ -51,9 +53,10 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, eagerly
   from specjax import sharding, training
   from specjax.decoding.generate import GenerateOutput, compile_generate, generate
-  from specjax.decoding.methods import (Autoregressive, Jacobi, Lookahead, PromptLookup,
+  from specjax.decoding.methods import (Autoregressive, Eagle, Jacobi, Lookahead, PromptLookup,
                                         SelfSpeculative, SpecTr, Speculative, TreeSpeculative)
   from specjax.decoding.stats import DecodeStats
+  from specjax.heads.layout import load_head, save_head
   from specjax.models.config import ModelConfig
   from specjax.models.hf import load_model, load_tokenizer, save_model
   from specjax.models.transformer import Transformer, forward, init_model

@@ -38,6 +38,7 @@ from flax import nnx  # noqa: E402
 import specjax as sj  # noqa: E402
 from specjax import sharding  # noqa: E402
 from specjax.decoding import loop  # noqa: E402
+from specjax.heads.eagle import init_head  # noqa: E402
 from specjax.models.transformer import forward  # noqa: E402
 from specjax.proposers.base import NoProposer  # noqa: E402
 
@@ -131,6 +132,8 @@ class ShardedEqualsUnshardedTest(parameterized.TestCase):
         "prompt_lookup": sj.PromptLookup(max_ngram=2, num_tokens=2),
         "retrieval": sj.Retrieval(store, num_tokens=3, nodes=4, branches=2),
         "suffix": sj.Retrieval(None, num_tokens=3, nodes=4, branches=2, per_request=True),
+        "eagle": sj.Eagle(init_head(TARGET, 1), gamma=2),  # features under the mesh
+        "eagle_tree": sj.Eagle(init_head(TARGET, 1), tree=sj.Tree.full(depth=2, branching=2)),
     }
     mesh = sharding.make_mesh(2, 4)
     reference = self._reference("autoregressive_greedy", sj.Autoregressive(), GREEDY)

@@ -21,6 +21,8 @@ from specjax import sampling as sampling_lib
 from specjax import verify
 from specjax.decoding.stats import DecodeStats
 from specjax.models.kv_cache import KVCache, compact_path, init_cache
+from specjax.models.transformer import FEATURE_AXES
+from specjax.proposers import base
 from specjax.proposers.base import CHAIN, TREE, Candidates, Outcome
 
 
@@ -163,11 +165,23 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
 
   # Prefill: the whole prompt goes into the cache; the first token comes from its last logits.
   pin = (lambda c: c) if placement is None else placement.constrain_cache
+  wanted = base.features(proposer)
+
+  def score(tokens, cache, mask=None, depths=None):
+    """The target's pass: (logits, cache, the proposer's features or None)."""
+    if not wanted:  # the plain call: nothing extra traced for proposers without features
+      return target(tokens, cache, mask, depths) + (None,)
+    logits, cache, hidden = target(tokens, cache, mask, depths, features=wanted)
+    if placement is not None:
+      hidden = jax.lax.with_sharding_constraint(hidden, placement.sharding(FEATURE_AXES))
+    return logits, cache, hidden
+
   cache = pin(init_cache(target.config, batch, cache_length))
-  logits, cache = target(prompt, cache)
+  logits, cache, hidden = score(prompt, cache)
   cache = pin(cache.with_lengths(prompt_lengths))
   first = _draw_one(_step_keys(row_keys, 0, 1)[:, 0], logits[rows, prompt_lengths - 1], sampling)
-  proposer_state = proposer.prefill(proposer_params, prompt, prompt_lengths, cache_length)
+  extra = {} if hidden is None else {"features": hidden}
+  proposer_state = proposer.prefill(proposer_params, prompt, prompt_lengths, cache_length, **extra)
   stats = DecodeStats.zeros(batch, depth).replace(
       target_calls=jnp.int32(1), row_target_calls=jnp.ones((batch,), jnp.int32),
       draft_calls=jnp.int32(proposer.prefill_draft_calls))
@@ -190,7 +204,8 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
     if candidates.extra is not None:
       scored.append(candidates.extra.tokens)
     mask, depths = candidates.pass_layout()
-    logits, cache = target(jnp.concatenate(scored, axis=1), state.target_cache, mask, depths)
+    logits, cache, hidden = score(jnp.concatenate(scored, axis=1), state.target_cache, mask,
+                                  depths)
     verified = logits if candidates.extra is None else logits[:, :num + 1]
     verdict = _verify(keys[:, 0], verified, candidates, sampling)
     path, n, nxt = verdict.path, verdict.num_accepted, verdict.next_token
@@ -207,7 +222,7 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
     proposer_state = proposer.commit(
         proposer_params, proposer_state, candidates,
         Outcome(target_length=length, path=path, num_accepted=n, next_token=nxt, active=active,
-                logits=logits))
+                logits=logits, features=hidden))
     s = state.stats
     pos = jnp.arange(depth)[None, :]
     accepted = (pos < n[:, None]) & active[:, None]

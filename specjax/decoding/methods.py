@@ -19,12 +19,15 @@ import dataclasses
 
 from flax import nnx
 
+from specjax.heads.eagle import EagleHead
+from specjax.heads.layout import check_head
 from specjax.models.transformer import (Transformer, check_context, check_model, check_skip,
                                         skip_layers)
 from specjax.proposers.base import NoProposer
 from specjax.proposers.draft_chain import DraftChain
 from specjax.proposers.draft_tree import CHILDREN, DraftTree
 from specjax.proposers.dynamic_tree import DraftDynamicTree
+from specjax.proposers.eagle import EagleChain, EagleDynamicTree, EagleTree
 from specjax.proposers.jacobi import JacobiProposer
 from specjax.proposers.lookahead import LookaheadProposer
 from specjax.proposers.prompt_lookup import PromptLookupProposer
@@ -134,17 +137,7 @@ class TreeSpeculative:
 
   def __post_init__(self):
     check_model(self.draft, "draft")
-    if not isinstance(self.tree, (Tree, DynamicTree)):
-      raise ValueError(f"tree must be an sj.Tree (sj.Tree.from_paths / full / chains) or an "
-                       f"sj.DynamicTree, got {type(self.tree).__name__}")
-    dynamic = isinstance(self.tree, DynamicTree)
-    if self.children is None:
-      object.__setattr__(self, "children", "top_k" if dynamic else "sampled")
-    if self.children not in CHILDREN:
-      raise ValueError(f"children must be one of {CHILDREN}, got {self.children!r}")
-    if dynamic and self.children != "top_k":
-      raise ValueError(f"a DynamicTree's children are the draft's top-k (children='top_k'), "
-                       f"got children={self.children!r}")
+    object.__setattr__(self, "children", tree_children(self.tree, self.children, "draft"))
 
   @property
   def gamma(self) -> int:
@@ -321,6 +314,80 @@ class Lookahead:
                              pool_size=self.pool_size), None
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Eagle:
+  """EAGLE (Li et al. 2024, arXiv 2401.15077; EAGLE-2 trees, arXiv 2406.16858): a small head
+  drafts on the target's own features (its last hidden state after the final norm), the
+  target's LM head turning its guesses into draft logits.
+
+  ``gamma``: a chain of that many drafts (default 4), verified by the exact chain rule
+  (ALGORITHMS.md §1-3: drafts sampled from the head's warped law at T > 0, greedy drafts matched
+  at T = 0); or ``tree``: a static ``sj.Tree`` whose ``children`` are ``"sampled"`` (default:
+  without replacement from the head's warped law, the recursive rule §5), ``"top_k"`` (one-hot
+  rule §4) or ``"iid"``, or an ``sj.DynamicTree`` (EAGLE-2: the head's top-k, reranked per row
+  by confidence; one-hot rule). ``head``: an ``specjax.heads.eagle.EagleHead``
+  (``sj.load_head``). The target must be an ``sj.Transformer`` whose hidden size the head shares.
+  """
+
+  head: EagleHead
+  gamma: int | None = None
+  tree: Tree | DynamicTree | None = None
+  children: str | None = None  # None: "sampled" for a static tree, "top_k" for a dynamic one
+  name = "eagle"
+
+  def __post_init__(self):
+    if not isinstance(self.head, EagleHead):
+      raise ValueError(f"head must be an EAGLE head (sj.load_head), got "
+                       f"{type(self.head).__name__}")
+    if self.tree is None:
+      object.__setattr__(self, "gamma", 4 if self.gamma is None else self.gamma)
+      check_count(self.gamma, "gamma", "drafts per iteration")
+      return
+    if self.gamma is not None:
+      raise ValueError(f"give gamma (a chain) or tree, not both: gamma={self.gamma!r}")
+    object.__setattr__(self, "children", tree_children(self.tree, self.children, "head"))
+    object.__setattr__(self, "gamma", self.tree.max_depth)  # the most accepted per iteration
+
+  def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
+    del width, max_new_tokens, what  # the head's cache is sized like the target's
+    if not isinstance(target, Transformer):
+      raise ValueError(f"EAGLE drafts on an sj.Transformer target's features, got "
+                       f"{type(target).__name__}")
+    check_head(self.head, target)
+    check_guesses(self.gamma, "gamma", target)
+    if self.tree is not None:
+      check_ranks(self.tree, target.config.vocab_size)
+
+  def proposer(self, target: Transformer):
+    head_graphdef, head_state = nnx.split(self.head)
+    target_graphdef, target_state = nnx.split(target)
+    graphs = dict(head_graphdef=head_graphdef, target_graphdef=target_graphdef)
+    if self.tree is None:
+      proposer = EagleChain(**graphs, gamma=self.gamma)
+    elif isinstance(self.tree, DynamicTree):
+      proposer = EagleDynamicTree(**graphs, spec=self.tree)
+    else:
+      proposer = EagleTree(**graphs, tree=self.tree, children=self.children)
+    return proposer, (head_state, target_state)
+
+
+def tree_children(tree, children: str | None, drafter: str) -> str:
+  """The children rule of ``tree`` (validated): ``children``, or by default ``"sampled"`` for a
+  static ``sj.Tree`` and ``"top_k"`` for an ``sj.DynamicTree`` (the only rule it has)."""
+  if not isinstance(tree, (Tree, DynamicTree)):
+    raise ValueError(f"tree must be an sj.Tree (sj.Tree.from_paths / full / chains) or an "
+                     f"sj.DynamicTree, got {type(tree).__name__}")
+  dynamic = isinstance(tree, DynamicTree)
+  if children is None:
+    children = "top_k" if dynamic else "sampled"
+  if children not in CHILDREN:
+    raise ValueError(f"children must be one of {CHILDREN}, got {children!r}")
+  if dynamic and children != "top_k":
+    raise ValueError(f"a DynamicTree's children are the {drafter}'s top-k (children='top_k'), "
+                     f"got children={children!r}")
+  return children
+
+
 def check_count(value, field: str, meaning: str, minimum: int = 1) -> None:
   """A hyper-parameter that counts something must be a (non-bool) integer >= ``minimum``."""
   if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -341,15 +408,19 @@ def check_tree(tree: Tree | DynamicTree, draft: Transformer, target: Transformer
   """A draft (``check_draft``) expanding ``tree``: its ranks must exist in the vocabulary and its
   depth fit both models' context."""
   check_draft(draft, target, width, max_new_tokens, what)
-  vocab = target.config.vocab_size
-  if max(tree.ranks) >= vocab:
-    raise ValueError(f"the tree asks for a node's rank-{max(tree.ranks)} candidate, but "
-                     f"the vocabulary has only {vocab} tokens")
+  check_ranks(tree, target.config.vocab_size)
   for role, model in (("target", target), ("draft", draft)):
     limit = model.config.max_position_embeddings
     if tree.max_depth >= limit:
       raise ValueError(f"the tree's depth {tree.max_depth} does not fit the {role} "
                        f"model's maximum context {limit}")
+
+
+def check_ranks(tree: Tree | DynamicTree, vocab: int) -> None:
+  """A tree's ranks must exist in the vocabulary."""
+  if max(tree.ranks) >= vocab:
+    raise ValueError(f"the tree asks for a node's rank-{max(tree.ranks)} candidate, but "
+                     f"the vocabulary has only {vocab} tokens")
 
 
 def check_draft(draft: Transformer, target: Transformer, width: int, max_new_tokens: int,

@@ -93,24 +93,33 @@ def hf_layout(config: ModelConfig) -> list[Entry]:
   else:  # Llama family: torch Linear layers.
     add("model.embed_tokens.weight", COPY, ("embed",))
     for i in range(c.num_layers):
-      p, layer = f"model.layers.{i}.", ("layers", i)
-
-      def linear(hf_name: str, path: Path, bias: bool) -> None:
-        add(f"{hf_name}.weight", TRANSPOSE, path + ("kernel",))
-        if bias:
-          add(f"{hf_name}.bias", COPY, path + ("bias",))
-
-      add(f"{p}input_layernorm.weight", COPY, layer + ("attn_norm", "scale"))
-      for proj in ("q", "k", "v"):
-        linear(f"{p}self_attn.{proj}_proj", layer + ("attn", proj), c.attention_bias)
-      linear(f"{p}self_attn.o_proj", layer + ("attn", "o"), c.attention_out_bias)
-      add(f"{p}post_attention_layernorm.weight", COPY, layer + ("mlp_norm", "scale"))
-      for proj in ("gate", "up", "down"):
-        linear(f"{p}mlp.{proj}_proj", layer + ("mlp", proj), c.mlp_bias)
+      table += llama_layer(c, f"model.layers.{i}.", ("layers", i))
     add("model.norm.weight", COPY, ("final_norm", "scale"))
   if not c.tie_word_embeddings:
     add("lm_head.weight", TRANSPOSE, ("lm_head",))
   return table
+
+
+def linear(hf_name: str, path: Path, bias: bool) -> list[Entry]:
+  """A torch ``nn.Linear`` named ``hf_name`` <-> our ``Dense`` at ``path``."""
+  weight = [Entry(f"{hf_name}.weight", TRANSPOSE, (path + ("kernel",),))]
+  return weight + ([Entry(f"{hf_name}.bias", COPY, (path + ("bias",),))] if bias else [])
+
+
+def llama_layer(c: ModelConfig, prefix: str, layer: Path, input_norm: bool = True) -> list[Entry]:
+  """A Llama decoder layer's tensors (``prefix`` e.g. ``"model.layers.0."``) <-> our ``Block``
+  at ``layer``; ``input_norm=False``: no ``input_layernorm`` (an EAGLE head's first layer)."""
+  p = prefix
+  out = []
+  if input_norm:
+    out.append(Entry(f"{p}input_layernorm.weight", COPY, (layer + ("attn_norm", "scale"),)))
+  for proj in ("q", "k", "v"):
+    out += linear(f"{p}self_attn.{proj}_proj", layer + ("attn", proj), c.attention_bias)
+  out += linear(f"{p}self_attn.o_proj", layer + ("attn", "o"), c.attention_out_bias)
+  out.append(Entry(f"{p}post_attention_layernorm.weight", COPY, (layer + ("mlp_norm", "scale"),)))
+  for proj in ("gate", "up", "down"):
+    out += linear(f"{p}mlp.{proj}_proj", layer + ("mlp", proj), c.mlp_bias)
+  return out
 
 
 def _hf_shape(entry: Entry, shapes: Mapping[Path, tuple[int, ...]]) -> tuple[int, ...]:

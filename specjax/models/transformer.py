@@ -194,14 +194,18 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-  def __init__(self, config: ModelConfig, rngs: nnx.Rngs, dtype):
-    self.attn_norm = Norm(config, dtype)
+  """A decoder layer; ``input_norm=False`` leaves out the norm before attention (the first layer
+  of an EAGLE head, whose input is already the fc of normalised-scale features)."""
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs, dtype, input_norm: bool = True):
+    self.attn_norm = Norm(config, dtype) if input_norm else None
     self.attn = Attention(config, rngs, dtype)
     self.mlp_norm = Norm(config, dtype)
     self.mlp = MLP(config, rngs, dtype)
 
   def __call__(self, x, rope, layer_k, layer_v, write, mask):
-    h, layer_k, layer_v = self.attn(self.attn_norm(x), rope, layer_k, layer_v, write, mask)
+    normed = x if self.attn_norm is None else self.attn_norm(x)
+    h, layer_k, layer_v = self.attn(normed, rope, layer_k, layer_v, write, mask)
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), layer_k, layer_v
 
@@ -209,6 +213,82 @@ class Block(nnx.Module):
 def causal_mask(t: int) -> np.ndarray:
   """bool[T, T] lower-triangular: the tree mask of a chain."""
   return np.tril(np.ones((t, t), dtype=bool))
+
+
+# Logical axes of the hidden states a forward returns for ``features`` ([B, T, F, E]).
+FEATURE_AXES = ("batch", "length", None, "embed")
+# The feature named by this string is the final norm's output (the LM head's input): what
+# EAGLE-1/2 heads read and predict (``outputs[0]`` of the EAGLE repository's base ``model``).
+NORMED = "normed"
+
+
+def feature_layers(features: tuple[int | str, ...], num_layers: int) -> tuple[int | str, ...]:
+  """Normalised ``features``: index ``i`` is the residual stream *after* block ``i`` (0-based),
+  negative ones count from the end, so ``-1`` is the last block's output *before* the final norm
+  (EAGLE-3's top layer); ``NORMED`` is that state after the final norm (EAGLE-1/2, Li et al.
+  2024, arXiv 2401.15077 §3, whose head output goes to the LM head unnormed)."""
+  out = []
+  for i in features:
+    if i == NORMED:
+      out.append(NORMED)
+      continue
+    if (isinstance(i, bool) or not isinstance(i, (int, np.integer))
+        or not -num_layers <= i < num_layers):
+      raise ValueError(f"feature layer {i!r} is not a layer of the {num_layers}-layer model "
+                       f"(indices {-num_layers}..{num_layers - 1}, -1: the last before the final "
+                       f"norm; {NORMED!r}: after it)")
+    out.append(int(i) % num_layers)
+  return tuple(out)
+
+
+def rotary(inv_freq: jax.Array, positions: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+  """(cos, sin) [B, T, 1, D] of the rotary embedding at int32[B, T] ``positions``."""
+  freqs = positions[..., None].astype(jnp.float32) * inv_freq[None, None, :]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, D]
+  return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
+
+
+def attention_layout(c: ModelConfig, shape: tuple[int, int], cache: KVCache, tree_mask, depths):
+  """What every layer of a pass over ``shape = (B, T)`` new tokens shares (``Transformer``'s
+  arguments): int32[B, T] positions, bool[B, T, S] the slots each new token sees, and ``write``,
+  which stores [B, T, KVH, D] keys or values at the rows' scratch slots."""
+  b, t = shape
+  s = cache.max_length
+  if tree_mask is None:
+    tree_mask = causal_mask(t)
+  if depths is None:
+    depths = np.arange(t, dtype=np.int32)
+  tree_mask = jnp.broadcast_to(jnp.asarray(tree_mask, bool), (b, t, t))
+  depths = jnp.broadcast_to(jnp.asarray(depths, jnp.int32), (b, t))
+  lengths = cache.lengths
+  positions = lengths[:, None] + depths  # [B, T]
+
+  # New token j is written at slot lengths + j (scratch slots past the cache end are dropped:
+  # callers size the cache so that live rows never get there). New token i sees the row's
+  # committed slots and the new tokens j with tree_mask[i, j].
+  slots = jnp.arange(s, dtype=jnp.int32)[None, :]  # [1, S]; a committed slot s holds position s
+  offset = slots - lengths[:, None]  # [B, S]: which new token a scratch slot holds
+  is_new = (offset >= 0) & (offset < t)
+  committed = jnp.broadcast_to((offset < 0)[:, None, :], (b, t, s))
+  new_mask = tree_mask
+  if c.sliding_window is not None:
+    horizon = positions[:, :, None] - c.sliding_window  # keys must be at a position > horizon
+    committed &= slots[:, None, :] > horizon
+    new_mask &= positions[:, None, :] > horizon
+  sees_new = jnp.take_along_axis(
+      new_mask, jnp.broadcast_to(jnp.clip(offset, 0, t - 1)[:, None, :], (b, t, s)), axis=2)
+  mask = committed | (sees_new & is_new[:, None, :])  # [B, T, S]
+  # A one-token write carries a second update aimed past the end (so dropped), which keeps it a
+  # scatter. As a dynamic-update-slice XLA fused it into the attention reads as well (at batch 1,
+  # where they bitcast the buffer) and copied every layer's buffer four times per decoding step
+  # (tests/test_models.py: CacheInPlaceTest).
+  dummy = 1 if t == 1 else 0
+  j = jnp.arange(t + dummy, dtype=jnp.int32)[None, :]
+  write_slots = jnp.where(j < t, lengths[:, None] + j, s)  # [B, T + dummy]
+  rows = jnp.arange(b)[:, None]
+  write = lambda buf, new: buf.at[rows, :, write_slots].set(
+      jnp.pad(new, ((0, 0), (0, dummy), (0, 0), (0, 0))).astype(buf.dtype), mode="drop")
+  return positions, mask, write
 
 
 class Transformer(nnx.Module):
@@ -237,7 +317,8 @@ class Transformer(nnx.Module):
       tree_mask: jax.Array | np.ndarray | None = None,
       depths: jax.Array | np.ndarray | None = None,
       logits_at: int | tuple[int, ...] | None = None,
-  ) -> tuple[jax.Array, KVCache]:
+      features: tuple[int | str, ...] = (),
+  ) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, jax.Array]:
     """Scores ``T`` new tokens per row against the cache.
 
     Args:
@@ -254,67 +335,38 @@ class Transformer(nnx.Module):
       logits_at: static index (or tuple of indices) of the new tokens whose logits are wanted;
         the vocabulary projection (the largest matmul of a small model) then runs for those
         tokens only.
+      features: static layer indices (``feature_layers``) whose hidden states are wanted too;
+        empty (the default): nothing extra is computed or returned.
 
     Returns:
       (float32[B, T, V] logits, or float32[B, K, V] for K indices in ``logits_at``; the cache
-      with the new entries written).
+      with the new entries written), and with ``features`` a third item: [B, T, F, E] the
+      hidden states of all T new tokens at those layers (``FEATURE_AXES``), in the model dtype.
     """
     c = self.config
-    b, t = tokens.shape
-    s = cache.max_length
-    if tree_mask is None:
-      tree_mask = causal_mask(t)
-    if depths is None:
-      depths = np.arange(t, dtype=np.int32)
-    tree_mask = jnp.broadcast_to(jnp.asarray(tree_mask, bool), (b, t, t))
-    depths = jnp.broadcast_to(jnp.asarray(depths, jnp.int32), (b, t))
-    lengths = cache.lengths
-    positions = lengths[:, None] + depths  # [B, T]
-
-    # New token j is written at slot lengths + j (scratch slots past the cache end are dropped:
-    # callers size the cache so that live rows never get there). New token i sees the row's
-    # committed slots and the new tokens j with tree_mask[i, j].
-    slots = jnp.arange(s, dtype=jnp.int32)[None, :]  # [1, S]; a committed slot s holds position s
-    offset = slots - lengths[:, None]  # [B, S]: which new token a scratch slot holds
-    is_new = (offset >= 0) & (offset < t)
-    committed = jnp.broadcast_to((offset < 0)[:, None, :], (b, t, s))
-    new_mask = tree_mask
-    if c.sliding_window is not None:
-      horizon = positions[:, :, None] - c.sliding_window  # keys must be at a position > horizon
-      committed &= slots[:, None, :] > horizon
-      new_mask &= positions[:, None, :] > horizon
-    sees_new = jnp.take_along_axis(
-        new_mask, jnp.broadcast_to(jnp.clip(offset, 0, t - 1)[:, None, :], (b, t, s)), axis=2)
-    mask = committed | (sees_new & is_new[:, None, :])  # [B, T, S]
-    # A one-token write carries a second update aimed past the end (so dropped), which keeps it a
-    # scatter. As a dynamic-update-slice XLA fused it into the attention reads as well (at batch 1,
-    # where they bitcast the buffer) and copied every layer's buffer four times per decoding step
-    # (tests/test_models.py: CacheInPlaceTest).
-    dummy = 1 if t == 1 else 0
-    j = jnp.arange(t + dummy, dtype=jnp.int32)[None, :]
-    write_slots = jnp.where(j < t, lengths[:, None] + j, s)  # [B, T + dummy]
-    rows = jnp.arange(b)[:, None]
-    write = lambda buf, new: buf.at[rows, :, write_slots].set(
-        jnp.pad(new, ((0, 0), (0, dummy), (0, 0), (0, 0))).astype(buf.dtype), mode="drop")
-
+    positions, mask, write = attention_layout(c, tokens.shape, cache, tree_mask, depths)
     x = jnp.take(self.embed[...], tokens, axis=0)
-    if c.is_llama_family:
-      freqs = positions[..., None].astype(jnp.float32) * self.inv_freq[...][None, None, :]
-      emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, D]
-      rope = (jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype))
-    else:
-      rope = None
+    rope = None if self.inv_freq is None else rotary(self.inv_freq[...], positions, x.dtype)
+    if rope is None:
       # Scratch tokens past the budget may sit beyond the table; they are never emitted.
       x = x + jnp.take(self.pos_embed[...], positions, axis=0, mode="clip")
 
-    new_k, new_v = [], []
+    new_k, new_v, hidden = [], [], []
+    wanted = feature_layers(features, len(self.layers))
     for i, layer in enumerate(self.layers):
       x, k, v = layer(x, rope, cache.k[i], cache.v[i], write, mask)
       new_k.append(k)
       new_v.append(v)
+      hidden.append(x)
+    cache = cache.replace(k=tuple(new_k), v=tuple(new_v))
+    normed = self.final_norm(x) if NORMED in wanted else None
     if logits_at is not None:
-      x = x[:, np.asarray(logits_at, np.int32).reshape(-1)]
-    return self.project(self.final_norm(x)), cache.replace(k=tuple(new_k), v=tuple(new_v))
+      logits = self.project(self.final_norm(x[:, np.asarray(logits_at, np.int32).reshape(-1)]))
+    else:
+      logits = self.project(self.final_norm(x) if normed is None else normed)
+    if not wanted:
+      return logits, cache
+    return logits, cache, jnp.stack([normed if i == NORMED else hidden[i] for i in wanted], axis=2)
 
   def project(self, x: jax.Array) -> jax.Array:
     """float32[..., V] logits of final-norm features ``x``: the vocabulary projection (tied to the

@@ -18,6 +18,12 @@ method-specific branches: it scores ``[pending, candidates]`` in one target forw
 verifier from the candidates' shape and the sampling (``specjax.decoding.loop``). Adding a method
 means one proposer (here), one method dataclass (``specjax.decoding.methods``) and its tests.
 
+A proposer may declare ``features`` (static: a tuple of target layer indices,
+``specjax.models.transformer.feature_layers``; absent means none): the target's forwards then
+also return its hidden states there, handed to ``prefill(..., features=)`` for the prompt
+([B, P, F, E]) and to ``commit`` in ``Outcome.features`` for every verification pass (EAGLE
+heads draft from them, Li et al. 2024, arXiv 2401.15077). Proposers without them cost nothing.
+
 A proposer may also have tokens scored in that same forward that are never accepted
 (``Candidates.extra``, a ``ScoredExtra``: lookahead decoding's window); it then declares their
 number ``num_extra`` (static; absent means 0) so that the caches have room for them.
@@ -52,6 +58,9 @@ class Outcome:
   # the pending token's, rows 1..N the candidates' (as without extras), rows N + 1.. the M
   # ``Candidates.extra`` tokens' (M = 0 without extras).
   logits: jax.Array
+  # [B, 1 + N + M, F, E] the target's hidden states over the same tokens at the proposer's
+  # ``features`` layers (``specjax.models.transformer.feature_layers``); None when it asks for none.
+  features: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -176,6 +185,12 @@ class NoProposer:
   def commit(self, params, state, candidates, outcome):
     del params, candidates, outcome
     return state
+
+
+def features(proposer) -> tuple[int, ...]:
+  """The target layers whose hidden states ``proposer`` reads (``()`` unless it declares
+  ``features``)."""
+  return tuple(getattr(proposer, "features", ()))
 
 
 def num_extra(proposer) -> int:

@@ -41,7 +41,7 @@ def prefill(draft: Transformer, cache: KVCache, prompt: jax.Array,
                          last_draft=jnp.zeros((batch,), jnp.int32))
 
 
-def _draw(keys: jax.Array, logits: jax.Array, sampling: sampling_lib.Sampling):
+def draw(keys: jax.Array, logits: jax.Array, sampling: sampling_lib.Sampling):
   """One token per row, plus the (warped) proposal distribution it was drawn from."""
   if sampling.is_greedy:
     return sampling_lib.greedy(logits), None
@@ -71,20 +71,28 @@ def propose(draft: Transformer, state: DraftChainState, pending: jax.Array, keys
   logits, cache = draft(first, cache, tree_mask, depths, logits_at=1)
   logits = logits[:, 0]
   cache = cache.with_lengths(cache.lengths + 1 + behind)
-  token, q = _draw(keys[:, 0], logits, sampling)
+  token, q = draw(keys[:, 0], logits, sampling)
 
   def step(carry, key):
     cache, token = carry
     logits, cache = draft(token[:, None], cache)
     cache = cache.with_lengths(cache.lengths + 1)
-    token, q = _draw(key, logits[:, 0], sampling)
+    token, q = draw(key, logits[:, 0], sampling)
     return (cache, token), (token, q)
 
-  (cache, _), (rest, rest_q) = jax.lax.scan(step, (cache, token), jnp.swapaxes(keys[:, 1:], 0, 1))
+  (cache, _), tokens, q = draw_rest(step, (cache, token), token, q, keys)
+  return tokens, q, state.replace(cache=cache)
+
+
+def draw_rest(step, carry, token: jax.Array, q: jax.Array | None, keys: jax.Array):
+  """Drafts 2..gamma of a chain whose first (``token`` int32[B], its law ``q``) is drawn:
+  ``step(carry, key[B]) -> (carry, (token, q))`` scanned over ``keys[:, 1:]``. Returns (carry,
+  int32[B, gamma] tokens, float32[B, gamma, V] laws or None)."""
+  carry, (rest, rest_q) = jax.lax.scan(step, carry, jnp.swapaxes(keys[:, 1:], 0, 1))
   tokens = jnp.concatenate([token[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
   if q is not None:
     q = jnp.concatenate([q[:, None], jnp.swapaxes(rest_q, 0, 1)], axis=1)
-  return tokens, q, state.replace(cache=cache)
+  return carry, tokens, q
 
 
 def commit(state: DraftChainState, drafts: jax.Array, target_length: jax.Array,
@@ -104,16 +112,10 @@ def commit(state: DraftChainState, drafts: jax.Array, target_length: jax.Array,
       last_draft=keep(drafts[:, -1], state.last_draft))
 
 
-@dataclasses.dataclass(frozen=True)
-class DraftChain:
-  """The proposer of ``sj.Speculative``: a draft model's chain of ``gamma`` tokens, sampled with
-  the run's ``Sampling`` (q = their warped distributions) or greedy (deterministic, q = None).
+class GammaChain:
+  """The sizes of a proposer drafting a chain of ``self.gamma`` tokens, one draft pass each."""
 
-  ``graphdef`` is the draft's static graph; its weights come in as ``params`` (``nnx.split``).
-  """
-
-  graphdef: Any
-  gamma: int
+  prefill_draft_calls = 1
 
   @property
   def num_candidates(self) -> int:
@@ -127,7 +129,17 @@ class DraftChain:
   def draft_calls_per_iteration(self) -> int:
     return self.gamma
 
-  prefill_draft_calls = 1
+
+@dataclasses.dataclass(frozen=True)
+class DraftChain(GammaChain):
+  """The proposer of ``sj.Speculative``: a draft model's chain of ``gamma`` tokens, sampled with
+  the run's ``Sampling`` (q = their warped distributions) or greedy (deterministic, q = None).
+
+  ``graphdef`` is the draft's static graph; its weights come in as ``params`` (``nnx.split``).
+  """
+
+  graphdef: Any
+  gamma: int
 
   def prefill(self, params, prompt, prompt_lengths, cache_length):
     draft = nnx.merge(self.graphdef, params)

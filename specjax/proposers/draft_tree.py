@@ -68,14 +68,69 @@ def commit(state: DraftTreeState, outcome: Outcome) -> DraftTreeState:
       jnp.where(o.active, o.target_length + 1 + o.num_accepted, o.target_length)))
 
 
-@dataclasses.dataclass(frozen=True)
-class DraftTree:
-  """The proposer of ``sj.TreeSpeculative``; ``graphdef`` is the draft's static graph."""
+class Growth:
+  """A static tree's nodes chosen level by level from a draft's logits (the children rules of the
+  module docstring), for any proposer that scores a level's parents at a time (``DraftTree``,
+  EAGLE heads). ``tokens``: int32[B, N + 1] over [pending, nodes], filled as levels come."""
 
-  graphdef: Any
-  tree: Tree
-  children: str = "sampled"
-  rule: str = ""  # the sampled children's verification rule; "" = the one ``children`` implies
+  def __init__(self, tree: Tree, pending: jax.Array, children: str, sampling, vocab_size: int):
+    self.tree, self.sampling, self.children = tree, sampling, children
+    batch, n = pending.shape[0], tree.num_nodes
+    self.parent_row = np.asarray(tree.parents, np.int32) + 1
+    # Which of a parent's candidates each node holds: its rank-th most likely draft token for
+    # top-k children; for sampled ones, its place in the sampling order (the i-th draw without
+    # replacement), so that the verifier's q_i = q without the earlier siblings holds even where
+    # the tree's ranks skip values.
+    self.sampled = children == "sampled" and not sampling.is_greedy
+    self.iid = children == "iid" and not sampling.is_greedy
+    self.ranks = np.asarray(tree.sibling_index if self.sampled else tree.ranks, np.int32)
+    self.has_children = np.zeros(n + 1, bool)
+    self.has_children[self.parent_row] = True
+    self.tokens = jnp.concatenate([pending[:, None], jnp.zeros((batch, n), jnp.int32)], axis=1)
+    self.q = None if sampling.is_greedy else jnp.zeros((batch, n + 1, vocab_size), jnp.float32)
+
+  def parents(self, d: int) -> np.ndarray:
+    """Rows (over [pending, nodes]) of the depth-``d`` nodes whose children come next."""
+    return np.flatnonzero((self.tree.verification_depths == d) & self.has_children)
+
+  def children_of(self, d: int) -> np.ndarray:
+    """Rows of the depth-``d + 1`` nodes (the children chosen by ``add_children(d, ...)``)."""
+    return np.flatnonzero(self.tree.verification_depths == d + 1)
+
+  def add_children(self, d: int, logits: jax.Array, key: jax.Array) -> None:
+    """Chooses the children of ``parents(d)`` from their draft logits float32[B, P, V]; key[B]."""
+    sampling = self.sampling
+    parents = self.parents(d)
+    if sampling.is_greedy:
+      scores = logits
+    else:
+      q = sampling_lib.probabilities(logits, sampling)
+      scores = jnp.log(q)
+      if self.sampled:
+        scores = scores + jax.vmap(lambda k: jax.random.gumbel(k, q.shape[1:], jnp.float32))(key)
+      self.q = self.q.at[:, parents].set(q)
+    children = self.children_of(d)
+    slot = np.searchsorted(parents, self.parent_row[children - 1])  # each child's parent among P
+    if self.iid:  # one independent Gumbel-argmax (a draw from q) per child
+      noise = jax.vmap(lambda k: jax.random.gumbel(k, (len(children),) + q.shape[2:],
+                                                   jnp.float32))(key)
+      chosen = jnp.argmax(scores[:, slot] + noise, axis=-1).astype(jnp.int32)
+    else:
+      width = int(self.ranks[children - 1].max()) + 1
+      best = jax.lax.top_k(scores, width)[1].astype(jnp.int32)  # [B, P, width]
+      chosen = best[:, slot, self.ranks[children - 1]]
+    self.tokens = self.tokens.at[:, children].set(chosen)
+
+  def candidates(self, rule: str = "") -> Candidates:
+    """The grown tree for the loop; ``rule``: the sampled children's verification rule ("" =
+    the one ``children`` implies)."""
+    rule = "one_hot" if self.sampling.is_greedy else (rule or _RULE[self.children])
+    return Candidates(tokens=self.tokens[:, 1:], q=None if rule == "one_hot" else self.q,
+                      kind=TREE, tree=self.tree, rule=rule)
+
+
+class StaticTree:
+  """The sizes of a proposer of the static tree ``self.tree``."""
 
   @property
   def num_candidates(self) -> int:
@@ -84,6 +139,16 @@ class DraftTree:
   @property
   def depth(self) -> int:
     return self.tree.max_depth
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftTree(StaticTree):
+  """The proposer of ``sj.TreeSpeculative``; ``graphdef`` is the draft's static graph."""
+
+  graphdef: Any
+  tree: Tree
+  children: str = "sampled"
+  rule: str = ""  # the sampled children's verification rule; "" = the one ``children`` implies
 
   @property
   def draft_calls_per_iteration(self) -> int:
@@ -98,54 +163,17 @@ class DraftTree:
     """keys: key[B, >= depth], one per row and level (the Gumbel noise of sampled children)."""
     draft = nnx.merge(self.graphdef, params)
     tree = self.tree
-    batch, n = pending.shape[0], tree.num_nodes
     mask, depths = tree.verification_mask, tree.verification_depths  # rows: [pending, nodes]
-    parent_row = np.asarray(tree.parents, np.int32) + 1
-    # Which of a parent's candidates each node holds: its rank-th most likely draft token for
-    # top-k children; for sampled ones, its place in the sampling order (the i-th draw without
-    # replacement), so that the verifier's q_i = q without the earlier siblings holds even where
-    # the tree's ranks skip values.
-    sampled = self.children == "sampled" and not sampling.is_greedy
-    iid = self.children == "iid" and not sampling.is_greedy
-    ranks = np.asarray(tree.sibling_index if sampled else tree.ranks, np.int32)
-    has_children = np.zeros(n + 1, bool)
-    has_children[parent_row] = True
-    tokens = jnp.concatenate([pending[:, None], jnp.zeros((batch, n), jnp.int32)], axis=1)
-    q_all = None
-    if not sampling.is_greedy:
-      q_all = jnp.zeros((batch, n + 1, draft.config.vocab_size), jnp.float32)
+    grow = Growth(tree, pending, self.children, sampling, draft.config.vocab_size)
     for d in range(tree.max_depth):  # static: each level has its own (small) shapes
       seen = np.flatnonzero(depths <= d)  # rows whose tokens are known; ancestors precede
-      parents = np.flatnonzero((depths == d) & has_children)  # rows whose children come now
-      at = tuple(int(i) for i in np.searchsorted(seen, parents))
-      logits, _ = draft(tokens[:, seen], state.cache, mask[np.ix_(seen, seen)], depths[seen],
+      at = tuple(int(i) for i in np.searchsorted(seen, grow.parents(d)))
+      logits, _ = draft(grow.tokens[:, seen], state.cache, mask[np.ix_(seen, seen)], depths[seen],
                         logits_at=at)  # [B, P, V]: the vocabulary projection for parents only
-      if sampling.is_greedy:
-        scores = logits
-      else:
-        q = sampling_lib.probabilities(logits, sampling)
-        scores = jnp.log(q)
-        if sampled:
-          scores = scores + jax.vmap(lambda k: jax.random.gumbel(k, q.shape[1:], jnp.float32))(
-              keys[:, d])
-        q_all = q_all.at[:, parents].set(q)
-      children = np.flatnonzero(depths == d + 1)  # rows of the nodes chosen now
-      slot = np.searchsorted(parents, parent_row[children - 1])  # each child's parent among P
-      if iid:  # one independent Gumbel-argmax (a draw from q) per child
-        noise = jax.vmap(lambda k: jax.random.gumbel(k, (len(children),) + q.shape[2:],
-                                                     jnp.float32))(keys[:, d])
-        chosen = jnp.argmax(scores[:, slot] + noise, axis=-1).astype(jnp.int32)
-      else:
-        width = int(ranks[children - 1].max()) + 1
-        best = jax.lax.top_k(scores, width)[1].astype(jnp.int32)  # [B, P, width]
-        chosen = best[:, slot, ranks[children - 1]]
-      tokens = tokens.at[:, children].set(chosen)
+      grow.add_children(d, logits, keys[:, d])
     # Every node's entry into the draft's scratch slots, for compact_path after verification.
-    _, cache = draft(tokens, state.cache, mask, depths, logits_at=0)
-    rule = "one_hot" if sampling.is_greedy else (self.rule or _RULE[self.children])
-    candidates = Candidates(tokens=tokens[:, 1:], q=None if rule == "one_hot" else q_all,
-                            kind=TREE, tree=tree, rule=rule)
-    return candidates, state.replace(cache=cache)
+    _, cache = draft(grow.tokens, state.cache, mask, depths, logits_at=0)
+    return grow.candidates(self.rule), state.replace(cache=cache)
 
   def commit(self, params, state, candidates, outcome):
     del params, candidates

@@ -34,7 +34,7 @@ from specjax.proposers.base import TREE, Candidates, RowTrees
 from specjax.trees import DynamicTree
 
 
-def _pool_layout(spec: DynamicTree):
+def pool_layout(spec: DynamicTree):
   """Static numpy description of the candidate pool and the expanded slots.
 
   Pool entry order: level 1's ``width`` children of the root, then per level ``l >= 2`` the
@@ -85,12 +85,73 @@ def row_trees(parents: jax.Array, ranks: jax.Array, depths: jax.Array, width: in
                   verification_depths=verification_depths, max_depth=max_depth)
 
 
-@dataclasses.dataclass(frozen=True)
-class DraftDynamicTree:
-  """The proposer of ``sj.TreeSpeculative(draft, sj.DynamicTree(...))``."""
+def grow(spec: DynamicTree, pending: jax.Array, sampling, score) -> tuple[jax.Array, RowTrees]:
+  """The expansion and reranking of the module docstring, per row: (int32[B, nodes] tokens,
+  their ``RowTrees``). ``score(known, expand, slot_tokens, slot_mask, slot_parent)`` returns the
+  draft logits [B, |expand|, V] of the expanded slots ``expand`` (static) given the first
+  ``known`` slots' int32[B, S] tokens, bool[B, S, S] ancestor mask and int32[B, S] parent slots
+  (slot 0: the root, the pending token)."""
+  w, d, n = spec.width, spec.depth, spec.nodes
+  batch = pending.shape[0]
+  pool_level, pool_rank, pool_parent, slot_level = pool_layout(spec)
+  num_slots = len(slot_level)
+  slot_tokens = jnp.zeros((batch, num_slots), jnp.int32).at[:, 0].set(pending)
+  slot_pool = jnp.full((batch, num_slots), -1, jnp.int32)  # each expanded slot's pool entry
+  eye = jnp.eye(num_slots, dtype=bool)
+  slot_mask = jnp.broadcast_to(eye[:1], (batch, num_slots, num_slots))  # rows filled per level
+  slot_parent = jnp.zeros((batch, num_slots), jnp.int32)
+  pool_tokens, pool_scores = [], []
+  for lvl in range(1, d + 1):
+    known = 1 + (lvl - 1) * w  # slots fed now: the root and the expanded nodes so far
+    expand = (0,) if lvl == 1 else tuple(range(known - w, known))
+    logits = score(known, expand, slot_tokens, slot_mask, slot_parent)  # [B, |expand|, V]
+    probs = (jax.nn.softmax(logits, axis=-1) if sampling.is_greedy else
+             sampling_lib.probabilities(logits, sampling))
+    top_logp, top_tokens = jax.lax.top_k(jnp.log(probs), w)  # [B, |expand|, w]
+    if lvl == 1:
+      base = jnp.zeros((batch, 1), jnp.float32)
+    else:
+      scores_so_far = jnp.concatenate(pool_scores, axis=1)
+      base = jnp.take_along_axis(scores_so_far, slot_pool[:, known - w:known], axis=1)
+    scores = (base[:, :, None] + top_logp).reshape(batch, -1)  # this level's pool entries
+    tokens = top_tokens.reshape(batch, -1).astype(jnp.int32)
+    offset = sum(s.shape[1] for s in pool_scores)
+    pool_tokens.append(tokens)
+    pool_scores.append(scores)
+    if lvl < d:  # the width most confident of this level are expanded next
+      best = jax.lax.top_k(scores, w)[1].astype(jnp.int32)  # [B, w]
+      new = np.arange(known, known + w)
+      slot_tokens = slot_tokens.at[:, new].set(jnp.take_along_axis(tokens, best, axis=1))
+      slot_pool = slot_pool.at[:, new].set(offset + best)
+      parent_slots = jnp.asarray(pool_parent)[offset + best]  # [B, w]
+      slot_parent = slot_parent.at[:, new].set(parent_slots)
+      parent_rows = jnp.take_along_axis(slot_mask, parent_slots[:, :, None], axis=1)
+      slot_mask = slot_mask.at[:, new].set(parent_rows | eye[new][None])
+  pool_tokens = jnp.concatenate(pool_tokens, axis=1)  # [B, P]
+  pool_scores = jnp.concatenate(pool_scores, axis=1)
 
-  graphdef: Any
-  spec: DynamicTree
+  # Rerank: the n best by (score desc, level asc); then parents first (by level).
+  size = pool_tokens.shape[1]
+  index = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32), (batch, size))
+  level = jnp.broadcast_to(jnp.asarray(pool_level), (batch, size))
+  _, _, order = jax.lax.sort((-pool_scores, level, index), dimension=1, num_keys=2)
+  chosen = order[:, :n]
+  _, chosen = jax.lax.sort((jnp.take_along_axis(level, chosen, axis=1), chosen), dimension=1,
+                           num_keys=1)  # stable: by level, parents precede children
+  rows = jnp.arange(batch)[:, None]
+  position = jnp.full((batch, size), -1, jnp.int32).at[rows, chosen].set(
+      jnp.arange(n, dtype=jnp.int32)[None, :])
+  parent_pool = jnp.take_along_axis(slot_pool, jnp.asarray(pool_parent)[chosen], axis=1)
+  parents = jnp.where(parent_pool >= 0,
+                      jnp.take_along_axis(position, jnp.maximum(parent_pool, 0), axis=1), -1)
+  node_tokens = jnp.take_along_axis(pool_tokens, chosen, axis=1)
+  node_depths = jnp.asarray(pool_level)[chosen]
+  return node_tokens, row_trees(parents, jnp.asarray(pool_rank)[chosen], node_depths, w,
+                                spec.max_depth)
+
+
+class DynamicSizes:
+  """The sizes of a proposer of the dynamic tree ``self.spec``."""
 
   @property
   def num_candidates(self) -> int:
@@ -99,6 +160,14 @@ class DraftDynamicTree:
   @property
   def depth(self) -> int:
     return self.spec.max_depth
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftDynamicTree(DynamicSizes):
+  """The proposer of ``sj.TreeSpeculative(draft, sj.DynamicTree(...))``."""
+
+  graphdef: Any
+  spec: DynamicTree
 
   @property
   def draft_calls_per_iteration(self) -> int:
@@ -113,62 +182,15 @@ class DraftDynamicTree:
   def propose(self, params, state, pending, keys, sampling):
     del keys  # the tree is deterministic
     draft = nnx.merge(self.graphdef, params)
-    spec = self.spec
-    w, d, n = spec.width, spec.depth, spec.nodes
-    batch = pending.shape[0]
-    pool_level, pool_rank, pool_parent, slot_level = _pool_layout(spec)
-    num_slots = len(slot_level)
-    slot_tokens = jnp.zeros((batch, num_slots), jnp.int32).at[:, 0].set(pending)
-    slot_pool = jnp.full((batch, num_slots), -1, jnp.int32)  # each expanded slot's pool entry
-    eye = jnp.eye(num_slots, dtype=bool)
-    slot_mask = jnp.broadcast_to(eye[:1], (batch, num_slots, num_slots))  # rows filled per level
-    pool_tokens, pool_scores = [], []
-    for lvl in range(1, d + 1):
-      known = 1 + (lvl - 1) * w  # slots fed now: the root and the expanded nodes so far
-      expand = (0,) if lvl == 1 else tuple(range(known - w, known))
+    slot_level = pool_layout(self.spec)[3]
+
+    def score(known, expand, slot_tokens, slot_mask, slot_parent):
+      del slot_parent  # the draft reads the tokens themselves
       logits, _ = draft(slot_tokens[:, :known], state.cache, slot_mask[:, :known, :known],
                         slot_level[:known], logits_at=expand)  # [B, |expand|, V]
-      probs = (jax.nn.softmax(logits, axis=-1) if sampling.is_greedy else
-               sampling_lib.probabilities(logits, sampling))
-      top_logp, top_tokens = jax.lax.top_k(jnp.log(probs), w)  # [B, |expand|, w]
-      if lvl == 1:
-        base = jnp.zeros((batch, 1), jnp.float32)
-      else:
-        scores_so_far = jnp.concatenate(pool_scores, axis=1)
-        base = jnp.take_along_axis(scores_so_far, slot_pool[:, known - w:known], axis=1)
-      scores = (base[:, :, None] + top_logp).reshape(batch, -1)  # this level's pool entries
-      tokens = top_tokens.reshape(batch, -1).astype(jnp.int32)
-      offset = sum(s.shape[1] for s in pool_scores)
-      pool_tokens.append(tokens)
-      pool_scores.append(scores)
-      if lvl < d:  # the width most confident of this level are expanded next
-        best = jax.lax.top_k(scores, w)[1].astype(jnp.int32)  # [B, w]
-        new = np.arange(known, known + w)
-        slot_tokens = slot_tokens.at[:, new].set(jnp.take_along_axis(tokens, best, axis=1))
-        slot_pool = slot_pool.at[:, new].set(offset + best)
-        parent_slots = jnp.asarray(pool_parent)[offset + best]  # [B, w]
-        parent_rows = jnp.take_along_axis(slot_mask, parent_slots[:, :, None], axis=1)
-        slot_mask = slot_mask.at[:, new].set(parent_rows | eye[new][None])
-    pool_tokens = jnp.concatenate(pool_tokens, axis=1)  # [B, P]
-    pool_scores = jnp.concatenate(pool_scores, axis=1)
+      return logits
 
-    # Rerank: the n best by (score desc, level asc); then parents first (by level).
-    size = pool_tokens.shape[1]
-    index = jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32), (batch, size))
-    level = jnp.broadcast_to(jnp.asarray(pool_level), (batch, size))
-    _, _, order = jax.lax.sort((-pool_scores, level, index), dimension=1, num_keys=2)
-    chosen = order[:, :n]
-    _, chosen = jax.lax.sort((jnp.take_along_axis(level, chosen, axis=1), chosen), dimension=1,
-                             num_keys=1)  # stable: by level, parents precede children
-    rows = jnp.arange(batch)[:, None]
-    position = jnp.full((batch, size), -1, jnp.int32).at[rows, chosen].set(
-        jnp.arange(n, dtype=jnp.int32)[None, :])
-    parent_pool = jnp.take_along_axis(slot_pool, jnp.asarray(pool_parent)[chosen], axis=1)
-    parents = jnp.where(parent_pool >= 0,
-                        jnp.take_along_axis(position, jnp.maximum(parent_pool, 0), axis=1), -1)
-    node_tokens = jnp.take_along_axis(pool_tokens, chosen, axis=1)
-    node_depths = jnp.asarray(pool_level)[chosen]
-    trees = row_trees(parents, jnp.asarray(pool_rank)[chosen], node_depths, w, spec.max_depth)
+    node_tokens, trees = grow(self.spec, pending, sampling, score)
     # Every node's entry into the draft's scratch slots, for compact_path after verification.
     _, cache = draft(jnp.concatenate([pending[:, None], node_tokens], axis=1), state.cache,
                      trees.verification_mask, trees.verification_depths, logits_at=0)

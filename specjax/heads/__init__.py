@@ -1,0 +1,1 @@
+"""Drafting heads on the target's features (EAGLE), and their published layouts on disk."""
