@@ -25,7 +25,7 @@ from flax import nnx
 
 from specjax.heads.eagle import EagleHead
 from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
-from specjax.models.hf_layout import (COPY, Entry, _from_hf, _hf_shape, _iter_hf_tensors,
+from specjax.models.hf_layout import (Entry, _from_hf, _hf_shape, _iter_hf_tensors,
                                       _SafetensorsReader, linear, llama_layer)
 
 CONFIG_NAME = "config.json"
