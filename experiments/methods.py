@@ -14,7 +14,7 @@ import functools
 import time
 from typing import Any, Callable
 
-from experiments.errors import ConfigError
+from experiments.errors import ConfigError, log
 from specjax import options
 
 # ----------------------------------------------------------------------------------- spec grammar
@@ -106,12 +106,10 @@ NO_DATASTORE = "none"  # config.datastore for "suffix" on the rows' own text alo
 
 @functools.lru_cache(maxsize=2)
 def load_datastore(path: str):
-  import sys
-
   import specjax as sj
   t0 = time.perf_counter()
   store = sj.Datastore.load(path)
-  print(f"[run] loaded {store} ({time.perf_counter() - t0:.1f}s)", file=sys.stderr, flush=True)
+  log(f"[run] loaded {store} ({time.perf_counter() - t0:.1f}s)")
   return store
 
 

@@ -4,7 +4,6 @@ runs), the tokenizer, and prompt encoding; ``load_pair`` gives the side tools th
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from typing import Any
@@ -12,11 +11,8 @@ from typing import Any
 from experiments import prompts as prompts_lib
 from experiments import resolve, runconfig
 from experiments.errors import ConfigError
+from experiments.errors import log as _log
 from experiments.methods import METHODS
-
-
-def _log(msg: str) -> None:
-  print(msg, file=sys.stderr, flush=True)
 
 
 class Models:

@@ -45,6 +45,7 @@ from ml_collections import config_flags
 from experiments import prompts as prompts_lib
 from experiments import resolve, runconfig
 from experiments.errors import ConfigError
+from experiments.errors import log as _log
 from experiments.methods import METHODS
 from experiments.runconfig import setting_label
 
@@ -82,10 +83,6 @@ def start_jax(config, multihost: bool = False, coordinator_address: str | None =
                       f"{jax.local_device_count()} devices in this process: set it before JAX "
                       f"starts (a fresh process, or "
                       f"XLA_FLAGS=--xla_force_host_platform_device_count={config.cpu_devices})")
-
-
-def _log(msg: str) -> None:
-  print(msg, file=sys.stderr, flush=True)
 
 
 def _one_line(msg: str) -> str:

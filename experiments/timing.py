@@ -4,13 +4,8 @@ every chain, tree and draft-free setting in target steps, and bare speculative i
 
 from __future__ import annotations
 
-import sys
-
+from experiments.errors import log as _log
 from experiments.methods import CHAIN, METHODS, PASS, SELF, TREE
-
-
-def _log(msg: str) -> None:
-  print(msg, file=sys.stderr, flush=True)
 
 
 def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths: list[int],

@@ -97,6 +97,24 @@ class LayoutTest(absltest.TestCase):
             if (n := sum(1 for _ in open(path, encoding="utf-8"))) > MAX_LINES}
     self.assertEqual(long, {})
 
+  def test_lazy_exports_match_their_type_checking_imports(self):
+    """``specjax/__init__.py`` names each public name twice (the lazy table and the block type
+    checkers read): the two say the same, and every name resolves."""
+    import specjax
+
+    path = os.path.join(REPO, "specjax", "__init__.py")
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and getattr(node.test, "id", "") == "TYPE_CHECKING")
+    imported = {}
+    for node in block.body:
+      for alias in node.names:
+        imported[alias.name] = (f"{node.module}.{alias.name}" if node.module == "specjax"
+                                else node.module)
+    self.assertEqual(imported, specjax._EXPORTS)
+    for name in specjax.__all__:
+      self.assertIsNotNone(getattr(specjax, name), name)
+
   def test_light_modules_import_no_jax(self):
     script = ("import sys\nimport specjax, specjax.options\n"
               "from experiments import methods, runconfig\n"

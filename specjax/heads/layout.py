@@ -25,8 +25,8 @@ from flax import nnx
 
 from specjax.heads.eagle import EagleHead
 from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
-from specjax.models.hf_layout import (Entry, _from_hf, _hf_shape, _iter_hf_tensors,
-                                      _SafetensorsReader, linear, llama_layer)
+from specjax.models.hf_layout import (Entry, _iter_hf_tensors, _SafetensorsReader, fill_from_hf,
+                                      linear, llama_layer)
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -75,31 +75,13 @@ def load_head(path: str | os.PathLike, dtype: str | None = None) -> EagleHead:
     config = dataclasses.replace(config, attention_bias=True, attention_out_bias=False)
   fc_bias = bool(hf.get("bias", True))
   tensors = {n: t for n, t in _read_tensors(path).items() if not n.endswith(_BUFFER_SUFFIX)}
-  table = eagle_layout(config, fc_bias)
   embed = tensors.pop(EMBED_NAME, None)
-
-  abstract = nnx.eval_shape(lambda: EagleHead(config, nnx.Rngs(0), fc_bias))
-  graphdef, abstract_state = nnx.split(abstract)
-  flat = list(nnx.to_flat_state(abstract_state))
-  shapes = {p: tuple(v.get_value().shape) for p, v in flat}
-  expected = {e.hf_name: e for e in table}
-  for name in tensors:
-    if name not in expected:
-      raise ValueError(f"{path}: unexpected tensor {name!r} in an EAGLE head with "
-                       f"{config.num_layers} layer(s)")
   dtype_ = jnp.dtype(config.dtype)
-  values = {("inv_freq",): jnp.asarray(rope_inverse_frequencies(config))}
-  for name, entry in expected.items():
-    if name not in tensors:
-      raise ValueError(f"{path}: missing tensor {name!r} of an EAGLE head")
-    shape = _hf_shape(entry, shapes)
-    if tuple(tensors[name].shape) != shape:
-      raise ValueError(f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
-                       f"expected {shape}")
-    (values[entry.paths[0]],) = _from_hf(entry, jnp.asarray(tensors[name]).astype(dtype_), shapes)
-  for p, var in flat:
-    var.set_value(values[p])
-  head = nnx.merge(graphdef, nnx.from_flat_state(flat))
+  head = fill_from_hf(
+      lambda: EagleHead(config, nnx.Rngs(0), fc_bias), eagle_layout(config, fc_bias), tensors,
+      {name: name for name in tensors}, path, dtype_, missing_note="of an EAGLE head",
+      unexpected_note=f"not in an EAGLE head with {config.num_layers} layer(s)",
+      derived={("inv_freq",): jnp.asarray(rope_inverse_frequencies(config))})
   if embed is not None:
     if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
       raise ValueError(f"{path}: {EMBED_NAME} has shape {tuple(embed.shape)}, expected "

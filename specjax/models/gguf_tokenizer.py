@@ -23,7 +23,7 @@ import warnings
 from typing import Any
 
 from specjax.cache import atomic_path
-from specjax.models.gguf import _cache_files, _open  # one reader and one cache key per file
+from specjax.models.gguf import _cache_files, _field, _open  # one reader, one cache key
 
 # llama.cpp's token types (gguf.TokenType): CONTROL tokens are special; USER_DEFINED ones are
 # matched whole in the text but are not special.
@@ -57,11 +57,6 @@ def _byte_to_char() -> dict[int, str]:
   return {**{b: chr(b) for b in kept}, **{b: chr(256 + i) for i, b in enumerate(shifted)}}
 
 
-def _field(reader, key: str, default: Any = None) -> Any:
-  field = reader.fields.get(key)
-  return default if field is None else field.contents()
-
-
 def read_tokenizer_metadata(path: str | os.PathLike) -> dict[str, Any]:
   """The ``tokenizer.ggml.*`` metadata of a GGUF file (and its chat template) as a plain dict,
   under llama.cpp's key names without the ``tokenizer.ggml.`` prefix, plus ``name``."""
@@ -69,9 +64,9 @@ def read_tokenizer_metadata(path: str | os.PathLike) -> dict[str, Any]:
   reader = _open(path)
   keys = ("model", "pre", "tokens", "merges", "token_type", "bos_token_id", "eos_token_id",
           "unknown_token_id", "padding_token_id", "add_bos_token", "add_eos_token")
-  meta = {key: _field(reader, f"tokenizer.ggml.{key}") for key in keys}
-  meta["chat_template"] = _field(reader, "tokenizer.chat_template")
-  meta["name"] = _field(reader, "general.name") or os.path.basename(path)
+  meta = {key: _field(reader, f"tokenizer.ggml.{key}", path, None) for key in keys}
+  meta["chat_template"] = _field(reader, "tokenizer.chat_template", path, None)
+  meta["name"] = _field(reader, "general.name", path, None) or os.path.basename(path)
   return meta
 
 

@@ -210,26 +210,7 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, Any], source: str 
   ``mesh``: each tensor goes onto the mesh by ``sharding_rules`` (``specjax.sharding``) as soon as
   it is converted, each device receiving its own shard; no device ever holds the whole model.
   """
-  abstract = nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(0)))
-  graphdef, abstract_state = nnx.split(abstract)
-  place = lambda path, value: value
-  if mesh is not None:
-    from specjax import sharding  # here: sharding imports the models package
-    placement = sharding.placement(mesh, sharding_rules)
-    sharding.check_divisible(config, abstract_state, placement.mesh, placement.rules, "model")
-    shard_of = {path: var.get_value() for path, var in nnx.to_flat_state(
-        sharding.shardings(abstract_state, placement.mesh, placement.rules))}
-    place = lambda path, value: sharding.put(value, shard_of[path])
-  flat = list(nnx.to_flat_state(abstract_state))
-  shapes = {path: tuple(var.get_value().shape) for path, var in flat}
-  table = hf_layout(config)
-
-  covered = [p for e in table for p in e.paths]
-  params = {path for path, var in flat if isinstance(var, nnx.Param)}
-  if sorted(map(str, covered)) != sorted(map(str, params)):  # a bug in hf_layout, not in the data
-    raise AssertionError(f"hf_layout does not cover the model's parameters exactly: "
-                         f"{set(map(str, covered)) ^ set(map(str, params))}")
-
+  placer = None if mesh is None else _mesh_placer(config, mesh, sharding_rules)
   # Names: canonical -> as stored.
   stored: dict[str, str] = {}
   for name in tensors.keys():
@@ -237,36 +218,80 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, Any], source: str 
     if canonical in stored:
       raise ValueError(f"{source}: tensor {name!r} appears twice (as {stored[canonical]!r})")
     stored[canonical] = name
+  ignored = _IGNORED_BUFFERS["gpt2" if config.model_type == "gpt2" else "llama"]
+  embed_shape = (config.vocab_size, config.hidden_size)
+  tolerated = lambda name: bool(ignored.match(name)) or (
+      name == "lm_head.weight" and config.tie_word_embeddings
+      and _tensor_shape(tensors, stored[name]) == embed_shape)
+  derived = ({("inv_freq",): jnp.asarray(rope_inverse_frequencies(config))}
+             if config.is_llama_family else {})
+  return fill_from_hf(
+      lambda: Transformer(config, nnx.Rngs(0)), hf_layout(config), tensors, stored, source,
+      jnp.dtype(config.dtype), missing_note=f"for model_type {config.model_type!r}",
+      unexpected_note=f"not a parameter of a {config.model_type!r} model with this config",
+      tolerated=tolerated, derived=derived, placer=placer)
+
+
+def _mesh_placer(config: ModelConfig, mesh, sharding_rules):
+  """``fill_from_hf``'s placer for ``mesh``: each value onto its shard by ``sharding_rules``, after
+  checking that the mesh splits every parameter."""
+  from specjax import sharding  # here: sharding imports the models package
+  placement = sharding.placement(mesh, sharding_rules)
+
+  def placer(abstract_state):
+    sharding.check_divisible(config, abstract_state, placement.mesh, placement.rules, "model")
+    shard_of = {path: var.get_value() for path, var in nnx.to_flat_state(
+        sharding.shardings(abstract_state, placement.mesh, placement.rules))}
+    return lambda path, value: sharding.put(value, shard_of[path])
+  return placer
+
+
+def fill_from_hf(build: Callable[[], nnx.Module], table: Sequence[Entry],
+                 tensors: Mapping[str, Any], stored: Mapping[str, str], source: str, dtype,
+                 missing_note: str, unexpected_note: str,
+                 tolerated: Callable[[str], bool] = lambda name: False,
+                 derived: Mapping[Path, Any] | None = None, placer=None) -> nnx.Module:
+  """``build()``'s module, built abstractly and filled by ``table`` from HF-named ``tensors``
+  (``stored``: table name -> the name in ``tensors``), one tensor at a time in ``dtype``.
+
+  Checked first, each a ``ValueError`` naming ``source``: a table name missing from ``stored``,
+  a stored name neither in the table nor ``tolerated``, a wrong shape. ``derived``: values of
+  non-parameter variables (rotary frequencies). ``placer(abstract_state)`` returns how each
+  value is placed (a mesh), else values stay where they are. What ``params_from_hf`` and the
+  heads' loaders (``specjax.heads.layout``) share.
+  """
+  abstract = nnx.eval_shape(build)
+  graphdef, abstract_state = nnx.split(abstract)
+  place = placer(abstract_state) if placer is not None else (lambda path, value: value)
+  flat = list(nnx.to_flat_state(abstract_state))
+  shapes = {path: tuple(var.get_value().shape) for path, var in flat}
+
+  covered = [p for e in table for p in e.paths]
+  params = {path for path, var in flat if isinstance(var, nnx.Param)}
+  if sorted(map(str, covered)) != sorted(map(str, params)):  # a bug in the table, not the data
+    raise AssertionError(f"the layout table does not cover the module's parameters exactly: "
+                         f"{set(map(str, covered)) ^ set(map(str, params))}")
   expected = {e.hf_name: _hf_shape(e, shapes) for e in table}
   missing = [n for n in expected if n not in stored]
   if missing:
     more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-    raise ValueError(f"{source}: missing tensor {missing[0]!r}{more} for model_type "
-                     f"{config.model_type!r}")
-  ignored = _IGNORED_BUFFERS["gpt2" if config.model_type == "gpt2" else "llama"]
-  embed_shape = (config.vocab_size, config.hidden_size)
+    raise ValueError(f"{source}: missing tensor {missing[0]!r}{more} {missing_note}")
   for name in stored:
-    if name in expected or ignored.match(name):
-      continue
-    if (name == "lm_head.weight" and config.tie_word_embeddings
-        and _tensor_shape(tensors, stored[name]) == embed_shape):
-      continue
-    raise ValueError(f"{source}: unexpected tensor {stored[name]!r} (not a parameter of a "
-                     f"{config.model_type!r} model with this config)")
+    if name not in expected and not tolerated(name):
+      raise ValueError(f"{source}: unexpected tensor {stored[name]!r} ({unexpected_note})")
   for name, shape in expected.items():
     actual = _tensor_shape(tensors, stored[name])
     if actual != shape:
       raise ValueError(f"{source}: tensor {stored[name]!r} has shape {actual}, expected {shape}")
 
-  dtype = jnp.dtype(config.dtype)
   values: dict[Path, jax.Array] = {}
   for entry in table:
     tensor = jnp.asarray(tensors[stored[entry.hf_name]]).astype(dtype)  # cast first: less to move
     for path, value in zip(entry.paths, _from_hf(entry, tensor, shapes)):
       values[path] = place(path, value)
     del tensor
-  if config.is_llama_family:
-    values[("inv_freq",)] = place(("inv_freq",), jnp.asarray(rope_inverse_frequencies(config)))
+  for path, value in (derived or {}).items():
+    values[path] = place(path, value)
   for path, var in flat:
     if path not in values:
       raise AssertionError(f"no value for model variable {path}")
