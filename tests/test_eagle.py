@@ -375,7 +375,7 @@ class LayoutTest(absltest.TestCase):
       save_file(tensors, os.path.join(path, "model.safetensors"))
       with self.assertRaisesRegex(ValueError, r"unexpected tensor 'layers.0.input_layernorm"):
         sj.load_head(path)
-    with self.assertRaisesRegex(ValueError, r"head must be an EAGLE head"):
+    with self.assertRaisesRegex(ValueError, r"head must be an EAGLE-1/2 or EAGLE-3 head"):
       sj.Eagle(object())
     with self.assertRaisesRegex(ValueError, r"gamma must be an integer >= 1"):
       sj.Eagle(init_head(TF_CONFIG), gamma=0)

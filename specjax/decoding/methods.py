@@ -20,6 +20,7 @@ import dataclasses
 from flax import nnx
 
 from specjax.heads.eagle import EagleHead
+from specjax.heads.eagle3 import Eagle3Head
 from specjax.heads.layout import check_head
 from specjax.models.transformer import (Transformer, check_context, check_model, check_skip,
                                         skip_layers)
@@ -325,19 +326,22 @@ class Eagle:
   at T = 0); or ``tree``: a static ``sj.Tree`` whose ``children`` are ``"sampled"`` (default:
   without replacement from the head's warped law, the recursive rule §5), ``"top_k"`` (one-hot
   rule §4) or ``"iid"``, or an ``sj.DynamicTree`` (EAGLE-2: the head's top-k, reranked per row
-  by confidence; one-hot rule). ``head``: an ``specjax.heads.eagle.EagleHead``
-  (``sj.load_head``). The target must be an ``sj.Transformer`` whose hidden size the head shares.
+  by confidence; one-hot rule). ``head``: an EAGLE-1/2 ``specjax.heads.eagle.EagleHead`` or an
+  EAGLE-3 ``specjax.heads.eagle3.Eagle3Head`` (Li et al. 2025, arXiv 2503.01840: fused low/middle/
+  high target features, its own reduced-vocabulary LM head, its q exactly 0 outside that
+  vocabulary), e.g. from ``sj.load_head``. The target must be an ``sj.Transformer`` whose hidden
+  size and vocabulary the head shares.
   """
 
-  head: EagleHead
+  head: EagleHead | Eagle3Head
   gamma: int | None = None
   tree: Tree | DynamicTree | None = None
   children: str | None = None  # None: "sampled" for a static tree, "top_k" for a dynamic one
   name = "eagle"
 
   def __post_init__(self):
-    if not isinstance(self.head, EagleHead):
-      raise ValueError(f"head must be an EAGLE head (sj.load_head), got "
+    if not isinstance(self.head, (EagleHead, Eagle3Head)):
+      raise ValueError(f"head must be an EAGLE-1/2 or EAGLE-3 head (sj.load_head), got "
                        f"{type(self.head).__name__}")
     if self.tree is None:
       object.__setattr__(self, "gamma", 4 if self.gamma is None else self.gamma)
@@ -361,7 +365,8 @@ class Eagle:
   def proposer(self, target: Transformer):
     head_graphdef, head_state = nnx.split(self.head)
     target_graphdef, target_state = nnx.split(target)
-    graphs = dict(head_graphdef=head_graphdef, target_graphdef=target_graphdef)
+    graphs = dict(head_graphdef=head_graphdef, target_graphdef=target_graphdef,
+                  features=self.head.target_features(target.config))
     if self.tree is None:
       proposer = EagleChain(**graphs, gamma=self.gamma)
     elif isinstance(self.tree, DynamicTree):

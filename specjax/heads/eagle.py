@@ -24,7 +24,7 @@ from flax import nnx
 
 from specjax.models.config import ModelConfig, rope_inverse_frequencies
 from specjax.models.kv_cache import KVCache
-from specjax.models.transformer import Block, Dense, attention_layout, rotary
+from specjax.models.transformer import NORMED, Block, Dense, attention_layout, rotary
 
 
 class EagleHead(nnx.Module):
@@ -58,6 +58,21 @@ class EagleHead(nnx.Module):
       new_k.append(k)
       new_v.append(v)
     return x, cache.replace(k=tuple(new_k), v=tuple(new_v))
+
+  # What every head offers the proposer and the trainer (``Eagle3Head`` too):
+
+  def target_features(self, target_config: ModelConfig) -> tuple[int | str, ...]:
+    """The target hidden states the head reads: the final norm's output."""
+    del target_config
+    return (NORMED,)
+
+  def from_target(self, features: jax.Array) -> jax.Array:
+    """[..., E] the head's feature input from the target's [..., F, E] states (F = 1 here)."""
+    return features[..., 0, :]
+
+  def draft_logits(self, hidden: jax.Array, target) -> jax.Array:
+    """float32[..., V] draft logits of the head's predicted features: the target's LM head."""
+    return target.project(hidden)
 
 
 def head_config(target_config: ModelConfig, num_layers: int = 1) -> ModelConfig:

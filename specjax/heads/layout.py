@@ -115,13 +115,17 @@ def save_head(head: EagleHead, path: str | os.PathLike, target=None) -> None:
   save_file(tensors, os.path.join(path, SAFETENSORS_NAME), metadata={"format": "pt"})
 
 
-def check_head(head: EagleHead, target) -> None:
+def check_head(head, target) -> None:
   """Raises unless ``head`` can draft for ``target``: same hidden size and vocabulary, and an
   embedding carried by the head file equal to the target's."""
   c, t = head.config, target.config
   if c.hidden_size != t.hidden_size:
     raise ValueError(f"the head's hidden size {c.hidden_size} differs from the target's "
                      f"{t.hidden_size}")
+  if c.vocab_size != t.vocab_size:
+    raise ValueError(f"the head's vocabulary of {c.vocab_size} tokens differs from the target's "
+                     f"{t.vocab_size}")
+  head.target_features(t)  # the layers it reads exist in the target
   if head.embed is not None:
     embed = np.asarray(head.embed.get_value(), np.float32)
     if embed.shape != (t.vocab_size, t.hidden_size) or not np.allclose(

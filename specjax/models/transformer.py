@@ -138,14 +138,18 @@ def _weighted_values(probs: jax.Array, v: jax.Array) -> jax.Array:
 
 
 class Attention(nnx.Module):
-  def __init__(self, config: ModelConfig, rngs: nnx.Rngs, dtype):
+  """``d_in``: the width of the input (default the hidden size; an EAGLE-3 layer attends over
+  [embedding ; hidden], twice that)."""
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs, dtype, d_in: int | None = None):
     c = config
+    d_in = c.hidden_size if d_in is None else d_in
     self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-    self.q = Dense(rngs, c.hidden_size, c.num_heads * c.head_dim, ("embed", "heads"),
+    self.q = Dense(rngs, d_in, c.num_heads * c.head_dim, ("embed", "heads"), c.attention_bias,
+                   dtype)
+    self.k = Dense(rngs, d_in, c.num_kv_heads * c.head_dim, ("embed", "kv_heads"),
                    c.attention_bias, dtype)
-    self.k = Dense(rngs, c.hidden_size, c.num_kv_heads * c.head_dim, ("embed", "kv_heads"),
-                   c.attention_bias, dtype)
-    self.v = Dense(rngs, c.hidden_size, c.num_kv_heads * c.head_dim, ("embed", "kv_heads"),
+    self.v = Dense(rngs, d_in, c.num_kv_heads * c.head_dim, ("embed", "kv_heads"),
                    c.attention_bias, dtype)
     self.o = Dense(rngs, c.num_heads * c.head_dim, c.hidden_size, ("heads", "embed"),
                    c.attention_out_bias, dtype)

@@ -30,7 +30,6 @@ import numpy as np
 from flax import nnx
 
 from specjax.models.kv_cache import KVCache, init_cache
-from specjax.models.transformer import NORMED
 from specjax.proposers.base import CHAIN, TREE, Candidates, Outcome
 from specjax.proposers.draft_chain import GammaChain, draw, draw_rest
 from specjax.proposers.draft_tree import Growth, StaticTree
@@ -42,13 +41,15 @@ from specjax.trees import DynamicTree, Tree
 class EagleState:
   cache: KVCache  # the head's; committed = the pairs before the waiting ones
   tokens: jax.Array  # int32[B, D + 1] waiting pairs' tokens (the last one: pending, set later)
-  features: jax.Array  # [B, D + 1, E] waiting pairs' target features
+  features: jax.Array  # [B, D + 1, F, E] waiting pairs' target features (raw)
   count: jax.Array  # int32[B] waiting pairs (>= 1)
 
 
 class Models:
   """The head and the target views one proposer call needs, from its ``(head, target)`` params:
-  the target's embedding embeds tokens, its LM head (``project``) turns features into logits."""
+  the target's embedding embeds tokens; the head turns the target's features into its input
+  (``from_target``) and its predicted features into logits in the target's vocabulary
+  (``draft_logits``: EAGLE-1/2 through the target's LM head, EAGLE-3 through its own)."""
 
   def __init__(self, head_graphdef, target_graphdef, params):
     head_state, target_state = params
@@ -58,24 +59,26 @@ class Models:
   def embed(self, tokens: jax.Array) -> jax.Array:
     return jnp.take(self.target.embed[...], tokens, axis=0)
 
-  def step(self, tokens, features, cache, tree_mask=None, depths=None):
-    """(predicted features [B, T, E], cache) of the pairs (tokens [B, T], features [B, T, E])."""
-    return self.head(self.embed(tokens), features, cache, tree_mask, depths)
+  def step(self, tokens, hidden, cache, tree_mask=None, depths=None):
+    """(predicted features [B, T, E], cache) of the pairs (tokens [B, T], head input features
+    [B, T, E])."""
+    return self.head(self.embed(tokens), hidden, cache, tree_mask, depths)
 
-  def logits(self, features: jax.Array) -> jax.Array:
-    return self.target.project(features)
+  def logits(self, hidden: jax.Array) -> jax.Array:
+    return self.head.draft_logits(hidden, self.target)
 
 
 def prefill(models: Models, prompt: jax.Array, prompt_lengths: jax.Array, cache_length: int,
             features: jax.Array, depth: int) -> EagleState:
   """The prompt's pairs ``(x_{t+1}, f_t)`` into the head's cache (``t < length - 1``); the
-  pending token's pair waits with ``f_{length - 1}``. features: [B, P, 1, E] (``NORMED``)."""
+  pending token's pair waits with ``f_{length - 1}``. features: [B, P, F, E] (the head's
+  ``target_features``); waiting pairs keep them raw, ``from_target`` runs when they are fed."""
   batch, width = prompt.shape
-  feats = features[:, :, 0]
+  feats = features
   cache = init_cache(models.head.config, batch, cache_length)
   if width > 1:
-    _, cache = models.step(prompt[:, 1:], feats[:, :-1], cache)
-  last = feats[jnp.arange(batch), prompt_lengths - 1]  # [B, E]
+    _, cache = models.step(prompt[:, 1:], models.head.from_target(feats[:, :-1]), cache)
+  last = feats[jnp.arange(batch), prompt_lengths - 1]  # [B, F, E]
   waiting = jnp.zeros((batch, depth + 1) + last.shape[1:], feats.dtype).at[:, 0].set(last)
   return EagleState(cache=cache.with_lengths(prompt_lengths - 1),
                     tokens=jnp.zeros((batch, depth + 1), jnp.int32), features=waiting,
@@ -87,7 +90,7 @@ def catch_up(models: Models, state: EagleState, pending: jax.Array):
   feature after ``pending`` [B, E], its cache with the waiting pairs committed)."""
   rows = jnp.arange(pending.shape[0])
   tokens = state.tokens.at[rows, state.count - 1].set(pending)
-  hidden, cache = models.step(tokens, state.features, state.cache)
+  hidden, cache = models.step(tokens, models.head.from_target(state.features), state.cache)
   return hidden[rows, state.count - 1], cache.with_lengths(cache.lengths + state.count)
 
 
@@ -99,7 +102,7 @@ def commit(state: EagleState, drafts: jax.Array, outcome: Outcome) -> EagleState
   j = jnp.arange(depth + 1)[None, :]
   node = jnp.maximum(o.path, 0)  # [B, D]
   rows = jnp.concatenate([jnp.zeros_like(node[:, :1]), 1 + node], axis=1)  # over [pending, ..]
-  feats = jnp.take_along_axis(o.features[:, :, 0], rows[:, :, None], axis=1)  # [B, D + 1, E]
+  feats = jnp.take_along_axis(o.features, rows[:, :, None, None], axis=1)  # [B, D + 1, F, E]
   on_path = jnp.pad(jnp.take_along_axis(drafts, node, axis=1), ((0, 0), (0, 1)))
   n = o.num_accepted[:, None]
   tokens = jnp.where(j < n, on_path, jnp.where(j == n, o.next_token[:, None], 0))
@@ -116,7 +119,6 @@ class EagleProposer:
   """What chains and trees share: params ``(head state, target state)`` (the target's arrays are
   the loop's own buffers), the features they read, prefill and commit."""
 
-  features = (NORMED,)
   prefill_draft_calls = 1
 
   def models(self, params) -> Models:
@@ -137,6 +139,7 @@ class EagleChain(GammaChain, EagleProposer):
 
   head_graphdef: Any
   target_graphdef: Any
+  features: tuple  # the target layers the head reads (its ``target_features``)
   gamma: int
 
   def propose(self, params, state, pending, keys, sampling):
@@ -168,6 +171,7 @@ class EagleTree(StaticTree, EagleProposer):
 
   head_graphdef: Any
   target_graphdef: Any
+  features: tuple
   tree: Tree
   children: str = "sampled"
 
@@ -206,6 +210,7 @@ class EagleDynamicTree(DynamicSizes, EagleProposer):
 
   head_graphdef: Any
   target_graphdef: Any
+  features: tuple
   spec: DynamicTree
 
   @property
