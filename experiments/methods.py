@@ -77,28 +77,64 @@ def lookahead_tokens(spec: str) -> int:
 # --------------------------------------------------------------------------------------- builders
 
 
+def tree_of(spec: str):
+  """(``sj.Tree`` or ``sj.DynamicTree``, children rule or None) of a static or dynamic spec."""
+  import specjax as sj
+  kind, sizes, children = parse_tree_spec(spec)
+  if kind == "dynamic":
+    return sj.DynamicTree(depth=sizes[0], width=sizes[1], nodes=sizes[2]), None
+  if kind == "full":
+    return sj.Tree.full(depth=sizes[0], branching=sizes[1]), children
+  if kind == "chains":
+    return sj.Tree.chains(num=sizes[0], depth=sizes[1]), children
+  # comb: the draft's top-1 chain of depth D with W - 1 extra leaf siblings per depth
+  d, w = sizes
+  return sj.Tree.from_paths([(0,) * i for i in range(1, d + 1)]
+                            + [(0,) * i + (r,) for i in range(d) for r in range(1, w)]), children
+
+
 def tree_method(spec: str, draft):
   """(label, method, nodes verified per call) for a tree spec (``parse_tree_spec``):
   ``sj.TreeSpeculative`` over a static or dynamic tree, or ``sj.SpecTr`` (K-SEQ / naive)."""
   import specjax as sj
-  kind, sizes, children = parse_tree_spec(spec)
+  kind, sizes, _ = parse_tree_spec(spec)
   if kind in ("spectr", "naive"):
     k, length = sizes
     return (f"spectr {'k_seq' if kind == 'spectr' else 'naive'} K={k} L={length}",
             sj.SpecTr(draft, num_drafts=k, gamma=length,
                       selection="k_seq" if kind == "spectr" else "naive"), k * length)
-  if kind == "dynamic":
-    tree = sj.DynamicTree(depth=sizes[0], width=sizes[1], nodes=sizes[2])
-  elif kind == "full":
-    tree = sj.Tree.full(depth=sizes[0], branching=sizes[1])
-  elif kind == "chains":
-    tree = sj.Tree.chains(num=sizes[0], depth=sizes[1])
-  else:  # comb: the draft's top-1 chain of depth D with W - 1 extra leaf siblings per depth
-    d, w = sizes
-    tree = sj.Tree.from_paths([(0,) * i for i in range(1, d + 1)]
-                              + [(0,) * i + (r,) for i in range(d) for r in range(1, w)])
+  tree, children = tree_of(spec)
   return (f"tree {spec} ({tree.num_nodes} nodes, depth {tree.max_depth})",
           sj.TreeSpeculative(draft, tree, children=children), tree.num_nodes)
+
+
+# The sweep of EAGLE heads: every gamma (a chain) and every head_trees spec (a static tree,
+# with its children rule, or an EAGLE-2 dynamic tree), one setting each.
+HEAD_SWEEP = "gammas+head_trees"
+HEAD_TREE_KINDS = STATIC_TREE_KINDS + ("dynamic",)
+
+
+def parse_head_tree_spec(spec: str):
+  """A ``head_trees`` spec: a tree spec (``parse_tree_spec``) of a kind a head can grow."""
+  kind, sizes, children = parse_tree_spec(spec)
+  if kind not in HEAD_TREE_KINDS:
+    raise ConfigError(f"head_trees spec {spec!r}: an EAGLE head grows {', '.join(HEAD_TREE_KINDS)}"
+                      f" trees, not {kind!r}")
+  return kind, sizes, children
+
+
+def head_method(s: dict, head):
+  """``sj.Eagle`` of setting ``s`` with ``head``: a chain of ``s["gamma"]`` drafts or the tree of
+  ``s["tree"]`` (``tree_method``'s shapes)."""
+  import specjax as sj
+  if s["gamma"] is not None:
+    return sj.Eagle(head, gamma=int(s["gamma"]))
+  tree, children = tree_of(s["tree"])
+  return sj.Eagle(head, tree=tree, children=children)
+
+
+def head_pass_tokens(config, s: dict) -> int:
+  return int(s["gamma"]) if s["gamma"] is not None else tree_nodes(s["tree"])
 
 
 NO_DATASTORE = "none"  # config.datastore for "suffix" on the rows' own text alone
@@ -168,9 +204,10 @@ class Method:
   build: Callable[[Any, dict, dict], Any]
   doc: str
   sweep: str | None = None  # config field swept: "gammas" (setting["gamma"]), "trees" or
-  # "lookahead" (setting["tree"]); None: one setting per temperature
+  # "lookahead" (setting["tree"]), HEAD_SWEEP (either); None: one setting per temperature
   role: str = "target"  # the model sj.generate decodes with
   needs_draft: bool = False
+  head: str | None = None  # the role of the EAGLE head it drafts with (config field of that name)
   datastore: str | None = None  # "required" (REST) | "optional" (SuffixDecoding: own text too)
   hf: bool = False  # transformers' generate (torch, one device)
   batch_one: bool = False  # transformers' assisted generation refuses batches
@@ -215,6 +252,13 @@ _M = [
            "SuffixDecoding: the datastore and the row's own text", sweep="gammas",
            datastore="optional", pass_tokens=lambda c, s: int(c.retrieval_nodes),
            cost_model=PASS),
+    Method("eagle", lambda c, s, m: head_method(s, m["eagle_head"]),
+           "EAGLE-1/2 head on the target's final features (chains; head_trees: static and "
+           "EAGLE-2 dynamic trees)", sweep=HEAD_SWEEP, head="eagle_head",
+           pass_tokens=head_pass_tokens),
+    Method("eagle3", lambda c, s, m: head_method(s, m["eagle3_head"]),
+           "EAGLE-3 head: fused low/middle/high features, reduced vocabulary (chains; "
+           "head_trees)", sweep=HEAD_SWEEP, head="eagle3_head", pass_tokens=head_pass_tokens),
     Method("hf_autoregressive", lambda c, s, m: {}, "transformers' greedy/sampling generate",
            hf=True),
     Method("hf_assisted", _hf_assisted, "transformers' assisted generation with the same draft",

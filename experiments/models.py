@@ -37,6 +37,8 @@ class Models:
       _log(f"[run] loaded {role} {spec.spec}: {self.sj[role].config.num_params() / 1e6:.2f}M "
            f"parameters" + (f", a {kept.shape[0]}-token head" if kept is not None else "")
            + f" ({time.perf_counter() - t0:.1f}s)")
+    for field in sorted({METHODS[m].head for m in config.methods if METHODS[m].head}):
+      self.sj[field] = self._load_head(config, field)
     if config.tokenizer == "bytes" or (config.tokenizer == "" and specs["target"].path is None):
       self.tokenizer = random_models.ByteTokenizer()
     else:
@@ -44,6 +46,26 @@ class Models:
     self.hf: dict[str, Any] = {}
     if any(METHODS[m].hf for m in config.methods):
       self._load_hf(config, tmpdir)
+
+  def _load_head(self, config, field: str):
+    """The EAGLE head of ``config[field]`` (``resolve.resolve_heads`` made it a directory or
+    ``UNTRAINED``: a random head of the kind for the random target)."""
+    import jax
+    from flax import nnx
+
+    import specjax as sj
+    from specjax.heads.eagle import init_head
+    from specjax.heads.eagle3 import init_head3
+    t0 = time.perf_counter()
+    if config[field] == resolve.UNTRAINED:
+      init = init_head3 if field == "eagle3_head" else init_head
+      head = init(self.sj["target"].config, int(config.seed))
+    else:
+      head = sj.load_head(config[field], dtype=config.dtype)
+    size = sum(x.size for x in jax.tree.leaves(nnx.state(head, nnx.Param)))
+    _log(f"[run] loaded {field} {config[field]}: {size / 1e6:.2f}M parameters "
+         f"({time.perf_counter() - t0:.1f}s)")
+    return head
 
   def _load_hf(self, config, tmpdir: str):
     try:

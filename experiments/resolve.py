@@ -10,8 +10,10 @@ import os
 
 from experiments.errors import ConfigError
 from experiments.methods import METHODS, NO_DATASTORE
-from experiments.runconfig import (DEFAULT, RANDOM_PREFIX, SMOLLM2_DRAFT, SMOLLM2_VOCAB,
-                                   datastore_vocab, pass_room, uses_retrieval)
+from experiments.runconfig import (AUTO, DEFAULT, RANDOM_PREFIX, SMOLLM2_DRAFT, SMOLLM2_HEADS,
+                                   SMOLLM2_VOCAB, datastore_vocab, pass_room, uses_retrieval)
+
+UNTRAINED = "untrained"  # a resolved head field: an untrained head (random targets only)
 
 
 def resolve_datastore(config, target: ModelSpec, verbose: bool = True) -> None:
@@ -35,6 +37,43 @@ def resolve_datastore(config, target: ModelSpec, verbose: bool = True) -> None:
     raise ConfigError(f"datastore {config.datastore} has vocab_size {vocab} but the target "
                       f"{target.spec} has {target.vocab_size}; build it with the target's "
                       f"tokenizer")
+
+
+def resolve_heads(config, target: ModelSpec, verbose: bool = True) -> None:
+  """Sets each EAGLE head field the run's methods need (``eagle_head``, ``eagle3_head``) to a
+  head directory (SmolLM2's heads built on first use) or ``UNTRAINED`` (a random target's);
+  reads only the directory's ``config.json`` and checks its vocabulary is the target's."""
+  for field in sorted({METHODS[m].head for m in config.methods if METHODS[m].head}):
+    spec = config[field]
+    if spec == AUTO:
+      if target.random_name is not None:
+        config[field] = UNTRAINED
+        continue
+      if target.vocab_size != SMOLLM2_VOCAB or "smollm" not in target.spec.lower():
+        raise ConfigError(f"{field}='auto' has a built-in head for SmolLM2 only (target "
+                          f"{target.spec}): give {field}=<a head directory> (sj.save_head)")
+      spec = SMOLLM2_HEADS[field]
+    if spec in SMOLLM2_HEADS.values():
+      if target.vocab_size != SMOLLM2_VOCAB:
+        raise ConfigError(f"{spec!r} drafts for SmolLM2 (vocab_size {SMOLLM2_VOCAB}); target "
+                          f"{target.spec} has vocab_size {target.vocab_size}")
+      from experiments import smollm2_eagle
+      kind = "eagle3" if spec == SMOLLM2_HEADS["eagle3_head"] else "eagle"
+      config[field] = os.fspath(smollm2_eagle.ensure_smollm2_head(kind, verbose=verbose))
+      continue
+    path = os.path.expanduser(spec)
+    if not os.path.isdir(path):
+      raise ConfigError(f"{field} {spec!r} is neither 'auto', a built-in head "
+                        f"({', '.join(SMOLLM2_HEADS.values())}) nor a head directory")
+    try:
+      with open(os.path.join(path, "config.json")) as f:
+        vocab = json.load(f).get("vocab_size")
+    except (OSError, ValueError) as e:
+      raise ConfigError(f"{field} {path}: no readable config.json ({e})") from None
+    if vocab != target.vocab_size:
+      raise ConfigError(f"{field} {path} has vocab_size {vocab} but the target {target.spec} has "
+                        f"{target.vocab_size}")
+    config[field] = path
 
 
 def needs_draft(config) -> bool:
@@ -145,6 +184,7 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
                       f"{specs['draft'].vocab_size}; target and draft must share one tokenizer")
   if uses_retrieval(config.methods):
     resolve_datastore(config, specs["target"], verbose)
+  resolve_heads(config, specs["target"], verbose)
   hf = specs["target"].hf_config
   layers = hf.get("num_hidden_layers", hf.get("n_layer"))
   if "self_speculative" in config.methods and layers is not None:

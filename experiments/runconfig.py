@@ -21,7 +21,8 @@ import ml_collections
 from experiments import prompts as prompts_lib
 from experiments.errors import ConfigError
 from experiments.methods import METHODS as METHODS_TABLE
-from experiments.methods import NO_DATASTORE, parse_lookahead_spec, parse_tree_spec
+from experiments.methods import (HEAD_SWEEP, NO_DATASTORE, parse_head_tree_spec,
+                                 parse_lookahead_spec, parse_tree_spec)
 from specjax import options
 
 # The methods a config may list, and everything about them: experiments/methods.py.
@@ -33,6 +34,10 @@ DEFAULT = "default"
 # A draft for SmolLM2-135M distilled on this machine on first use (experiments/smollm2_draft.py).
 SMOLLM2_DRAFT = "smollm2-draft"
 SMOLLM2_VOCAB = 49152
+# EAGLE heads: "auto" (SmolLM2's heads, trained on first use, for a SmolLM2 target; an untrained
+# head for a random target), a built-in name, or a head directory (sj.load_head).
+AUTO = "auto"
+SMOLLM2_HEADS = {"eagle_head": "smollm2-eagle", "eagle3_head": "smollm2-eagle3"}
 DRAFT_VOCABS = ("auto", "full")
 
 
@@ -51,13 +56,16 @@ def pass_room(config) -> int:
 def sweep_values(config, method: str) -> tuple:
   """The values ``method`` is swept over in ``config`` ((None,) when it sweeps nothing)."""
   sweep = METHODS_TABLE[method].sweep
+  if sweep == HEAD_SWEEP:
+    return tuple(config.gammas) + tuple(config.head_trees)
   return tuple(config[sweep]) if sweep else (None,)
 
 
 def setting(config, method: str, value, temperature: float = 0.0, mesh: str = "") -> dict:
   """One setting: a method at one value of its sweep (``gamma``, or ``tree`` for tree and
   lookahead specs), one temperature and one mesh."""
-  gamma_sweep = METHODS_TABLE[method].sweep == "gammas"
+  sweep = METHODS_TABLE[method].sweep
+  gamma_sweep = sweep == "gammas" or (sweep == HEAD_SWEEP and not isinstance(value, str))
   return dict(method=method, gamma=value if gamma_sweep else None,
               tree=None if gamma_sweep else value, temperature=float(temperature),
               top_k=int(config.top_k), top_p=float(config.top_p), mesh=mesh)
@@ -110,6 +118,14 @@ def base_config() -> ml_collections.ConfigDict:
   # Lookahead decoding (method "lookahead"), one setting per WxNxG spec: window columns x n-gram
   # size x guesses verified per pass (parse_lookahead_spec), e.g. ("5x3x5", "7x4x7").
   c.lookahead = ()
+  # EAGLE heads (methods "eagle", "eagle3"): each runs every gamma as a chain and every
+  # head_trees spec (full:DxB, chains:NxD, comb:DxW with an optional children suffix, or
+  # dynamic:DxWxN) as a tree. eagle_head / eagle3_head: "auto" (for SmolLM2 its heads, trained
+  # on first use: smollm2-eagle, smollm2-eagle3; for a random target an untrained head), one of
+  # those names, or a head directory (sj.load_head: the EAGLE repository's layout).
+  c.head_trees = ()
+  c.eagle_head = AUTO
+  c.eagle3_head = AUTO
   # Retrieval (method "retrieval", REST: sj.Retrieval; method "suffix", SuffixDecoding: the same
   # with per_request=True, each row's own text beside the datastore), swept over gammas
   # (num_tokens). datastore: a directory written by experiments/build_datastore.py; "" = the
@@ -260,7 +276,7 @@ def validate(config) -> None:
   if len(set(methods)) != len(methods):
     raise ConfigError(f"methods lists a method twice: {list(methods)}")
   table = {m: METHODS_TABLE[m] for m in methods}
-  if any(t.sweep == "gammas" for t in table.values()):
+  if any(t.sweep in ("gammas", HEAD_SWEEP) for t in table.values()):
     if not tuple(config.gammas):
       raise ConfigError("gammas is empty, but speculative methods need at least one gamma")
   for g in config.gammas:
@@ -279,6 +295,10 @@ def validate(config) -> None:
       parse(spec)
     if len(set(specs)) != len(specs):
       raise ConfigError(f"{field} lists a spec twice: {list(specs)}")
+  for spec in tuple(config.head_trees):
+    parse_head_tree_spec(spec)
+  if len(set(config.head_trees)) != len(tuple(config.head_trees)):
+    raise ConfigError(f"head_trees lists a spec twice: {list(config.head_trees)}")
   _check_int(config, "max_ngram", 1)
   if uses_retrieval(methods):
     for name in ("retrieval_branches", "max_suffix", "datastore_bytes"):
@@ -300,6 +320,13 @@ def validate(config) -> None:
     parse_mesh_spec(spec)
   if len(set(meshes)) != len(meshes):
     raise ConfigError(f"meshes lists a mesh twice: {list(meshes)}")
+  for m, t in ((m, t) for m, t in table.items() if t.head):
+    if not isinstance(config[t.head], str) or not config[t.head]:
+      raise ConfigError(f"method {m!r}: {t.head} must be {AUTO!r}, {SMOLLM2_HEADS[t.head]!r} or "
+                        f"a head directory, got {config[t.head]!r}")
+    if any(meshes):
+      raise ConfigError(f"method {m!r} runs on one device in the runner (sj.generate(mesh=) "
+                        f"shards EAGLE heads from Python): drop it or the meshes")
   hf_methods = [m for m, t in table.items() if t.hf]
   if hf_methods and any(meshes):
     raise ConfigError("hf_* methods run transformers on one device: drop them or the meshes")

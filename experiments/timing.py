@@ -36,7 +36,8 @@ def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths
                            *(n + 1 for n in passes)}))
     _log(f"[run] measuring the draft/target cost ratio (decoding steps in a jitted loop, "
          f"batch {batch}, context {context})")
-    cost = costs.measure_step_costs(models, batch, context, cache_len + max(passes, default=0),
+    pair = {"target": models["target"], "draft": models["draft"]}  # not the EAGLE heads
+    cost = costs.measure_step_costs(pair, batch, context, cache_len + max(passes, default=0),
                                     widths=widths, gammas=spec_gammas)
     _log(f"[run]   target step {cost['target_step_ms']:.3f} ms, draft step "
          f"{cost['draft_step_ms']:.3f} ms: c = {cost['cost_ratio']:.3f}")

@@ -286,6 +286,24 @@ class ConfigErrorTest(parameterized.TestCase):
       ("smollm2_draft_for_another_target", ["--config.target={v100}",
                                             "--config.draft=smollm2-draft"],
        "'smollm2-draft' drafts for SmolLM2 (vocab_size 49152); target"),
+      ("head_tree_kind", ["--config.methods=autoregressive,eagle", "--config.head_trees=spectr:2x2"],
+       "head_trees spec 'spectr:2x2': an EAGLE head grows full, chains, comb, dynamic trees"),
+      ("eagle_with_a_mesh", ["--config.methods=autoregressive,eagle3", "--config.meshes=1x1"],
+       "method 'eagle3' runs on one device in the runner"),
+      ("missing_head_dir", ["--config.methods=autoregressive,eagle",
+                            "--config.eagle_head=/nonexistent/head"],
+       "eagle_head '/nonexistent/head' is neither 'auto', a built-in head"),
+      ("head_vocab_mismatch", ["--config.methods=autoregressive,eagle3",
+                               "--config.target={v100}", "--config.draft={v100}",
+                               "--config.eagle3_head={v200}"],
+       "has vocab_size 200 but the target"),
+      ("smollm2_head_for_another_target", ["--config.methods=autoregressive,eagle3",
+                                           "--config.target={v100}", "--config.draft={v100}",
+                                           "--config.eagle3_head=smollm2-eagle3"],
+       "'smollm2-eagle3' drafts for SmolLM2 (vocab_size 49152); target"),
+      ("auto_head_for_another_target", ["--config.methods=autoregressive,eagle",
+                                        "--config.target={v100}", "--config.draft={v100}"],
+       "eagle_head='auto' has a built-in head for SmolLM2 only"),
   )
   def test_error(self, args, message):
     args = self._args(args)
@@ -505,6 +523,20 @@ class TreeRunTest(absltest.TestCase):
     self.assertIn("## Trees and multi-draft methods", md)
     self.assertIn("tree spectr:2x2", report.format_table(results))
 
+  def test_eagle_settings(self):
+    """Methods eagle and eagle3 on the tiny random target (untrained heads): a chain per gamma
+    and a tree per head_trees spec, each greedy row the autoregressive one."""
+    results, md = self._run_tiny("methods=autoregressive/eagle/eagle3,gammas=2,"
+                                 "head_trees=dynamic:2x2x3")
+    rows = [e for e in results["settings"] if e["method"].startswith("eagle")]
+    self.assertEqual([(e["method"], e["gamma"], e["tree"]) for e in rows],
+                     [("eagle", 2, None), ("eagle", None, "dynamic:2x2x3"),
+                      ("eagle3", 2, None), ("eagle3", None, "dynamic:2x2x3")])
+    for e in rows:
+      self.assertEqual(e["greedy_match"], 1.0)
+      self.assertLen(e["acceptance_by_position"], 2)
+    self.assertIn("eagle3 dynamic:2x2x3", md)
+
   def test_draft_free_settings_get_the_cost_model(self):
     """Every draft-free setting: v = the measured pass over 1 + its guesses in target steps, and
     the modelled speedup = tokens per iteration / v (times the rows kept busy)."""
@@ -635,9 +667,14 @@ class TreeVsChainTest(absltest.TestCase):
     import specjax as sj
     from experiments import methods, random_models, runconfig
 
-    draft, _ = random_models.random_pair(seed=0)
+    from specjax.heads.eagle import init_head
+    from specjax.heads.eagle3 import init_head3
+
+    target, draft = random_models.random_pair(seed=0)
+    heads = {"eagle_head": init_head(target.config), "eagle3_head": init_head3(target.config)}
     config = _load_config_module("tiny").get_config(
-        "trees=full:2x2,lookahead=2x3x2,gammas=2,datastore=none,retrieval_nodes=4")
+        "trees=full:2x2,lookahead=2x3x2,gammas=2,datastore=none,retrieval_nodes=4,"
+        "head_trees=dynamic:2x2x3/comb:2x2:top_k")
     # Every specjax method (REST's "retrieval" needs a datastore on disk; "suffix", the same
     # proposer, runs on the rows' own text).
     config.methods = tuple(m for m, e in methods.METHODS.items() if not e.hf and m != "retrieval")
@@ -646,12 +683,21 @@ class TreeVsChainTest(absltest.TestCase):
     for name in config.methods:
       for value in runconfig.sweep_values(config, name):
         setting = runconfig.setting(config, name, value)
-        built[name] = methods.METHODS[name].build(config, setting, {"draft": draft})
+        built[name, value] = methods.METHODS[name].build(config, setting,
+                                                         {"draft": draft, **heads})
         self.assertGreaterEqual(methods.METHODS[name].pass_tokens(config, setting), 0)
+    built = {**built, **{name: method for (name, _), method in built.items()}}
     self.assertIsInstance(built["speculative"], sj.Speculative)
     self.assertIsInstance(built["tree"], sj.TreeSpeculative)
     self.assertEqual(built["lookahead"], sj.Lookahead(window=2, ngram=3, guesses=2))
     self.assertEqual(built["suffix"].per_request, True)
+    for name in ("eagle", "eagle3"):  # a chain per gamma, a tree per head_trees spec
+      self.assertEqual(built[name, 2].gamma, 2)
+      self.assertIs(built[name, 2].head, heads[methods.METHODS[name].head])
+      self.assertIsInstance(built[name, "dynamic:2x2x3"].tree, sj.DynamicTree)
+      self.assertEqual(built[name, "comb:2x2:top_k"].children, "top_k")
+      self.assertEqual(methods.METHODS[name].pass_tokens(
+          config, runconfig.setting(config, name, "dynamic:2x2x3")), 3)
     self.assertEqual(runconfig.pass_room(config), (2 + 2) * (3 - 1) - 1)  # the lookahead window
     self.assertEqual(methods.METHODS["hf_prompt_lookup"].build(
         config, runconfig.setting(config, "hf_prompt_lookup", 3), {}),
