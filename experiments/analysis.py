@@ -10,7 +10,7 @@ import statistics
 
 import numpy as np
 
-from experiments.methods import CHAIN, METHODS, PASS, SELF, TREE
+from experiments.methods import CHAIN, HEAD, METHODS, PASS, SELF, TREE, tree_of
 from experiments.runconfig import setting_key, setting_label
 from specjax import costs, metrics
 
@@ -97,6 +97,23 @@ def _pass_model(e: dict, nodes: int, pass_cost: dict, base: dict | None, draft_f
       e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]
 
 
+def _head_model(e: dict, nodes: int, cost: dict, base: dict | None) -> None:
+  """An EAGLE setting's iteration in target steps: its head passes (gamma for a chain, the
+  tree's depth) at the head's measured step cost c, plus the verification pass over [pending,
+  ``nodes``]; the modelled speedup = tokens per iteration / that (times the rows kept busy)."""
+  c = (cost.get("head_cost_ratio") or {}).get(e["method"])
+  verify_ms = (cost.get("target_verify_ms") or {}).get(str(nodes))
+  if c is None or verify_ms is None:
+    return
+  e["head_cost_ratio"] = c
+  e["verify_cost"] = verify_ms / cost["target_step_ms"]
+  depth = e["gamma"] if e["gamma"] is not None else tree_of(e["tree"])[0].max_depth
+  e["iteration_cost"] = depth * c + e["verify_cost"]
+  e["modelled_speedup"] = (e["tokens_per_iteration"] / e["iteration_cost"]
+                           * busy_over_baseline(e, base))
+  e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]
+
+
 def analyse(config, records: list[dict], cost: dict, texts: list[str], decode) -> dict:
   """``{"settings": [...], "optimal_gamma": {...}, "samples": {...}}`` from the timed
   ``records``; adds the cost ratio used (and the autoregressive-based one) to ``cost``.
@@ -134,6 +151,8 @@ def analyse(config, records: list[dict], cost: dict, texts: list[str], decode) -
       _chain_model(e, cost, cost_ratio, base)
     elif method.cost_model == SELF:  # its draft's costs were measured apart
       _chain_model(e, cost["self_speculative"], cost["self_speculative"]["cost_ratio"], base)
+    elif method.cost_model == HEAD:
+      _head_model(e, method.pass_tokens(config, e), cost, base)
     elif method.cost_model in (TREE, PASS):
       draft_free = method.cost_model == PASS
       _pass_model(e, method.pass_tokens(config, e),

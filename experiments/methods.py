@@ -191,7 +191,9 @@ def _hf_assisted(config, s: dict, models: dict) -> dict:
 # Eq. 1 over a bare draft-chain iteration (the draft's costs measured with the target's; SELF:
 # the target with layers skipped, measured apart); TREE, its verification pass in target steps;
 # PASS, a draft-free method whose iteration is one pass over [pending, its tokens].
-CHAIN, SELF, TREE, PASS = "chain", "self", "tree", "pass"
+# HEAD, an EAGLE head's iteration: its drafting passes (gamma for a chain, the depth for a tree)
+# at the head's measured step cost, then the target's pass over [pending, its tokens].
+CHAIN, SELF, TREE, PASS, HEAD = "chain", "self", "tree", "pass", "head"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +215,7 @@ class Method:
   batch_one: bool = False  # transformers' assisted generation refuses batches
   # Tokens the target's pass scores besides the pending one (0: one token per pass).
   pass_tokens: Callable[[Any, dict], int] = lambda config, s: 0
-  cost_model: str | None = None  # CHAIN | SELF | TREE | PASS (see above)
+  cost_model: str | None = None  # CHAIN | SELF | TREE | PASS | HEAD (see above)
   counterpart: str | None = None  # transformers' method it is compared with (same gamma)
 
 
@@ -255,10 +257,11 @@ _M = [
     Method("eagle", lambda c, s, m: head_method(s, m["eagle_head"]),
            "EAGLE-1/2 head on the target's final features (chains; head_trees: static and "
            "EAGLE-2 dynamic trees)", sweep=HEAD_SWEEP, head="eagle_head",
-           pass_tokens=head_pass_tokens),
+           pass_tokens=head_pass_tokens, cost_model=HEAD),
     Method("eagle3", lambda c, s, m: head_method(s, m["eagle3_head"]),
            "EAGLE-3 head: fused low/middle/high features, reduced vocabulary (chains; "
-           "head_trees)", sweep=HEAD_SWEEP, head="eagle3_head", pass_tokens=head_pass_tokens),
+           "head_trees)", sweep=HEAD_SWEEP, head="eagle3_head", pass_tokens=head_pass_tokens,
+           cost_model=HEAD),
     Method("hf_autoregressive", lambda c, s, m: {}, "transformers' greedy/sampling generate",
            hf=True),
     Method("hf_assisted", _hf_assisted, "transformers' assisted generation with the same draft",

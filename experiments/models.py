@@ -37,6 +37,7 @@ class Models:
       _log(f"[run] loaded {role} {spec.spec}: {self.sj[role].config.num_params() / 1e6:.2f}M "
            f"parameters" + (f", a {kept.shape[0]}-token head" if kept is not None else "")
            + f" ({time.perf_counter() - t0:.1f}s)")
+    self.heads: dict[str, dict] = {}  # EAGLE head field -> its path, kind and size
     for field in sorted({METHODS[m].head for m in config.methods if METHODS[m].head}):
       self.sj[field] = self._load_head(config, field)
     if config.tokenizer == "bytes" or (config.tokenizer == "" and specs["target"].path is None):
@@ -62,7 +63,8 @@ class Models:
       head = init(self.sj["target"].config, int(config.seed))
     else:
       head = sj.load_head(config[field], dtype=config.dtype)
-    size = sum(x.size for x in jax.tree.leaves(nnx.state(head, nnx.Param)))
+    size = int(sum(x.size for x in jax.tree.leaves(nnx.state(head, nnx.Param))))
+    self.heads[field] = {"path": config[field], "kind": type(head).__name__, "params": size}
     _log(f"[run] loaded {field} {config[field]}: {size / 1e6:.2f}M parameters "
          f"({time.perf_counter() - t0:.1f}s)")
     return head

@@ -167,6 +167,8 @@ def format_table(results: dict) -> str:
     notes.append(f"c from AR tokens/s = {cost['cost_ratio_ar']:.3f}")
   if cost.get("self_speculative"):
     notes.append(_self_draft_note(results))
+  for name, c in (cost.get("head_cost_ratio") or {}).items():
+    notes.append(f"{name} head: step {cost['head_step_ms'][name]:.3f} ms, c = {c:.3f}")
   for t, o in (results.get("optimal_gamma") or {}).items():
     notes.append(f"T={float(t):g}: formula's optimal gamma {o['gamma']} (alpha {o['alpha']:.3f}, "
                  f"speedup {o['speedup']:.2f})")
@@ -228,7 +230,8 @@ def tree_table(results: dict) -> str:
   for e in rows:
     reach = list(e.get("acceptance_by_position") or [])
     reach += [None] * (depth - len(reach))
-    body.append([f"{e['temperature']:g}", e["tree"], _fmt(e.get("nodes_per_call"), ".0f"),
+    label = e["tree"] if e["method"] == "tree" else f"{e['method']} {e['tree']}"
+    body.append([f"{e['temperature']:g}", label, _fmt(e.get("nodes_per_call"), ".0f"),
                  _fmt(e.get("verify_cost")), _fmt(e.get("tokens_per_iteration")),
                  _fmt(e.get("speedup"))] + [_fmt(r, ".3f") for r in reach])
   return _markdown_table(header, body)
@@ -374,6 +377,8 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
                                           m["path"] != m["spec"] else "")
               + f", {m['params'] / 1e6:.2f}M parameters, {m['layers']} layers, hidden "
               f"{m['hidden_size']}, vocabulary {m['vocab_size']}")
+  for field, h in (results.get("heads") or {}).items():
+    md.append(f"- {field}: `{h['path']}`, {h['kind']}, {h['params'] / 1e6:.2f}M parameters")
   if prompts:
     md.append(f"- prompts: `{prompts['source']}`, {prompts['count']} prompts of "
               f"{prompts['tokens_min']}-{prompts['tokens_max']} tokens, {prompts['batches']} "
@@ -437,6 +442,8 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
     for g, ms in (cost.get("iteration_ms") or {}).items():
       md.append(f"- bare iteration at gamma = {g} (the draft's steps, then that pass): {ms:.3f} "
                 f"ms ({ms / cost['target_step_ms']:.2f}x one target step)")
+    for name, c in (cost.get("head_cost_ratio") or {}).items():
+      md.append(f"- {name} head: one drafting step {cost['head_step_ms'][name]:.3f} ms -> c = {c:.3f}")
     if cost.get("cost_ratio_ar") is not None:
       md.append(f"- from autoregressive tokens/s (target alone / draft alone): c = "
                 f"{cost['cost_ratio_ar']:.3f}")

@@ -290,6 +290,7 @@ def run_experiment(config, command: str | None = None) -> dict:
                         "layers": models.sj[role].config.num_layers,
                         "hidden_size": models.sj[role].config.hidden_size,
                         "vocab_size": s.vocab_size} for role, s in specs.items()},
+      "heads": models.heads,
       "prompts": {"source": config.prompts, "count": len(texts),
                   "tokens_min": min(prompt_lengths), "tokens_max": max(prompt_lengths),
                   "tokens_mean": float(np.mean(prompt_lengths)), "batches": len(batches),

@@ -24,6 +24,7 @@ from flax import nnx
 from specjax import metrics
 from specjax.models.kv_cache import init_cache
 from specjax.proposers import draft_chain
+from specjax.proposers import eagle as eagle_lib
 from specjax.sampling import Sampling
 
 
@@ -80,9 +81,31 @@ def _bare_iterations_fn():
   return iterations
 
 
+def _head_steps_fn():
+  @functools.partial(jax.jit, static_argnums=(0, 1, 7), donate_argnums=6)
+  def head_steps(head_graphdef, target_graphdef, head_state, target_state, tokens, hidden, cache,
+                 k):
+    """``k`` greedy drafting steps of an EAGLE head in one ``fori_loop`` (one head pass and its
+    draft logits each, what a chain's step costs; ``proposers.eagle``), the argmax and the
+    predicted feature feeding the next, writing at the same cache slots every time."""
+    models = eagle_lib.Models(head_graphdef, target_graphdef, (head_state, target_state))
+    lengths = cache.lengths
+
+    def body(_, carry):
+      tokens, hidden, cache = carry
+      out, cache = models.step(tokens[:, None], hidden[:, None], cache.with_lengths(lengths))
+      hidden = out[:, 0]
+      return jnp.argmax(models.logits(hidden), axis=-1).astype(tokens.dtype), hidden, cache
+
+    return jax.lax.fori_loop(0, k, body, (tokens, hidden, cache))
+
+  return head_steps
+
+
 def measure_step_costs(models: dict, batch: int, context: int, cache_length: int,
                        widths=(1,), gammas=(), steps_per_call: int = 16,
-                       min_seconds: float = 0.3, max_iters: int = 100) -> dict:
+                       min_seconds: float = 0.3, max_iters: int = 100,
+                       heads: dict | None = None) -> dict:
   """Median seconds of one decoding step of each model (``models``: ``{"target": ...}`` or
   ``{"target": ..., "draft": ...}``; target at every width in ``widths``, draft at width 1) at
   ``batch`` rows, with ``context`` tokens already in a cache of ``cache_length`` slots; and, for
@@ -94,8 +117,12 @@ def measure_step_costs(models: dict, batch: int, context: int, cache_length: int
   at a time, and so overstated c) is spread over the steps. The calls alternate between the jobs
   so noise hits all alike. A bare iteration can cost more than gamma draft steps plus a
   verification pass timed apart (the default pair on a 2-core CPU at gamma 1: 1.77 target steps
-  against c + v = 1.31): run in turn, the two models share caches and threads."""
-  steps, iterations = _steps_fn(), _bare_iterations_fn()
+  against c + v = 1.31): run in turn, the two models share caches and threads.
+
+  ``heads``: name -> an EAGLE head drafting for the target; each one's drafting step (a head pass
+  and its draft logits, ``_head_steps_fn``) is timed too: ``head_step_ms[name]`` and its ratio
+  to a target step, ``head_cost_ratio[name]`` (the c of an EAGLE chain)."""
+  steps, iterations, head_steps = _steps_fn(), _bare_iterations_fn(), _head_steps_fn()
   k = int(steps_per_call)
   sj_models = dict(models)
 
@@ -130,6 +157,20 @@ def measure_step_costs(models: dict, batch: int, context: int, cache_length: int
     target_split, draft_split = nnx.split(sj_models["target"]), nnx.split(sj_models["draft"])
     for g in gammas:
       jobs[f"iteration_g{g}"] = iteration_job(g, target_split, draft_split)
+  def head_job(head):
+    target = sj_models["target"]
+    graphs, states = zip(nnx.split(head), nnx.split(target))
+    carry = {"cache": cache_for(head)}
+    tokens = jnp.ones((batch,), jnp.int32)
+    hidden = jnp.zeros((batch, head.config.hidden_size), jnp.dtype(head.config.dtype))
+
+    def run():
+      out, _, carry["cache"] = head_steps(*graphs, *states, tokens, hidden, carry["cache"], k)
+      return out
+    return run
+
+  for name, head in (heads or {}).items():
+    jobs[f"head_{name}"] = head_job(head)
   times: dict[str, list[float]] = {name: [] for name in jobs}
   t_compile = time.perf_counter()
   for run in jobs.values():  # compile
@@ -153,6 +194,9 @@ def measure_step_costs(models: dict, batch: int, context: int, cache_length: int
   result["target_verify_ms"] = {str(w - 1): medians[f"target_w{w}"] * 1e3 for w in widths if w > 1}
   result["iteration_ms"] = {str(g): medians[f"iteration_g{g}"] * 1e3 for g in gammas
                             if f"iteration_g{g}" in medians}
+  if heads:
+    result["head_step_ms"] = {n: medians[f"head_{n}"] * 1e3 for n in heads}
+    result["head_cost_ratio"] = {n: medians[f"head_{n}"] / medians["target_w1"] for n in heads}
   return result
 
 

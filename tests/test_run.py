@@ -532,10 +532,19 @@ class TreeRunTest(absltest.TestCase):
     self.assertEqual([(e["method"], e["gamma"], e["tree"]) for e in rows],
                      [("eagle", 2, None), ("eagle", None, "dynamic:2x2x3"),
                       ("eagle3", 2, None), ("eagle3", None, "dynamic:2x2x3")])
+    costs = results["cost"]
     for e in rows:
       self.assertEqual(e["greedy_match"], 1.0)
       self.assertLen(e["acceptance_by_position"], 2)
+      # The cost model: the head's passes (gamma, or the tree's depth: 2 either way here) at its
+      # measured step cost c, then the verification pass over [pending, its tokens].
+      c = costs["head_cost_ratio"][e["method"]]
+      self.assertEqual(e["head_cost_ratio"], c)
+      self.assertAlmostEqual(e["iteration_cost"], 2 * c + e["verify_cost"])
+      self.assertGreater(e["modelled_speedup"], 0)
     self.assertIn("eagle3 dynamic:2x2x3", md)
+    self.assertIn("eagle3 head: one drafting step", md)
+    self.assertIn("| 0 | eagle3 dynamic:2x2x3 | 3 |", md)  # the tree table names the method
 
   def test_draft_free_settings_get_the_cost_model(self):
     """Every draft-free setting: v = the measured pass over 1 + its guesses in target steps, and
