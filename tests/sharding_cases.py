@@ -39,6 +39,7 @@ import specjax as sj  # noqa: E402
 from specjax import sharding  # noqa: E402
 from specjax.decoding import loop  # noqa: E402
 from specjax.heads.eagle import init_head  # noqa: E402
+from specjax.heads.eagle3 import init_head3  # noqa: E402
 from specjax.models.transformer import forward  # noqa: E402
 from specjax.proposers.base import NoProposer  # noqa: E402
 
@@ -134,6 +135,8 @@ class ShardedEqualsUnshardedTest(parameterized.TestCase):
         "suffix": sj.Retrieval(None, num_tokens=3, nodes=4, branches=2, per_request=True),
         "eagle": sj.Eagle(init_head(TARGET, 1), gamma=2),  # features under the mesh
         "eagle_tree": sj.Eagle(init_head(TARGET, 1), tree=sj.Tree.full(depth=2, branching=2)),
+        "eagle3": sj.Eagle(init_head3(TARGET, 1, draft_ids=np.arange(0, V, 2),  # reduced vocab
+                                      target_layers=(0, 1, 1)), gamma=2),
     }
     mesh = sharding.make_mesh(2, 4)
     reference = self._reference("autoregressive_greedy", sj.Autoregressive(), GREEDY)

@@ -20,7 +20,6 @@ from flax import nnx
 import specjax as sj
 from specjax.heads.eagle import init_head
 from specjax.models.kv_cache import init_cache
-from specjax.models.transformer import NORMED
 from specjax.proposers import draft_tree
 from specjax.proposers import eagle as eagle_lib
 
@@ -42,8 +41,10 @@ DYNAMIC = sj.DynamicTree(depth=3, width=2, nodes=6)
 HEAD_SCALE = 8.0  # random heads' weights x this: drafts that depend visibly on their inputs
 
 
-def random_head(config: sj.ModelConfig, seed: int, scale: float = HEAD_SCALE):
-  head = init_head(config, seed)
+def random_head(config: sj.ModelConfig, seed: int, scale: float = HEAD_SCALE, init=init_head,
+                **kwargs):
+  """``init(config, seed, **kwargs)``'s head (EAGLE-1 by default) with its matrices x ``scale``."""
+  head = init(config, seed, **kwargs)
   state = nnx.state(head, nnx.Param)
   nnx.update(head, jax.tree.map(lambda x: x * scale if x.ndim == 2 else x, state))
   return head
@@ -55,7 +56,7 @@ def bigram_pair(seed: int = 0):
   positive factor (same argmax): fc passes the embedding, the layer's attention is zero too and
   its MLP is the target's."""
   config = dataclasses.replace(TF_CONFIG, num_layers=1)
-  target = random_transformer(config, seed)
+  target = nnx.clone(random_transformer(config, seed))  # a copy: the cached one is shared
   block = target.layers[0]
   block.attn.o.kernel.set_value(jnp.zeros_like(block.attn.o.kernel.get_value()))
   head = init_head(config, seed + 1)
@@ -69,10 +70,12 @@ def bigram_pair(seed: int = 0):
   return target, head
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def _features(graphdef, state, width, tokens):
-  target = nnx.merge(graphdef, state)
-  return target(tokens, init_cache(target.config, 1, width), features=(NORMED,))[2][:, :, 0]
+@functools.partial(jax.jit, static_argnums=(0, 2, 3))
+def _features(graphdefs, states, width, layers, tokens):
+  """The head's input features [1, T, E] (``from_target`` of the target's ``layers``)."""
+  head, target = (nnx.merge(g, s) for g, s in zip(graphdefs, states))
+  features = target(tokens, init_cache(target.config, 1, width), features=layers)[2]
+  return head.from_target(features)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
@@ -80,7 +83,7 @@ def _head_logits(graphdefs, states, width, tokens, features):
   head, target = (nnx.merge(g, s) for g, s in zip(graphdefs, states))
   embeds = jnp.take(target.embed[...], tokens, axis=0)
   hidden, _ = head(embeds, features, init_cache(head.config, 1, width))
-  return target.project(hidden), hidden
+  return head.draft_logits(hidden, target), hidden
 
 
 def reference_accepted(target, head, prompt, out, tree: sj.Tree, budget: int) -> int:
@@ -89,14 +92,16 @@ def reference_accepted(target, head, prompt, out, tree: sj.Tree, budget: int) ->
   or more), by the algorithm's definition and no cache bookkeeping: each iteration recomputes the
   target's features of the whole context in one full pass, and the head's guess at every node
   from scratch over the context's pairs and the node's path (causal passes over one fixed
-  width, padded at the end); the target's greedy walk then accepts the longest matching path."""
+  width, padded at the end); the target's greedy walk then accepts the longest matching path.
+  Any head (EAGLE-1/2 or EAGLE-3): its ``target_features``, ``from_target``, ``draft_logits``."""
   width = len(prompt) + budget + tree.max_depth + 2
   pad = lambda ids: jnp.asarray([list(ids) + [0] * (width - len(ids))], jnp.int32)
   (tg, ts), (hg, hs) = nnx.split(target), nnx.split(head)
+  layers = tuple(head.target_features(target.config))
   out = [int(t) for t in out]
   seq, accepted, done = list(prompt) + out[:1], 0, 1
   while done < budget:
-    feats = _features(tg, ts, width, pad(seq[:-1]))  # f_t at t < L: all but the pending token
+    feats = _features((hg, tg), (hs, ts), width, layers, pad(seq[:-1]))  # f_t: all but pending
     context = list(seq[1:])  # pair t: (token t + 1, f_t); the last is the pending token's
 
     def guess(path_tokens, path_guesses):  # (logits, feature guess) after a path below the root
@@ -159,15 +164,7 @@ class GreedyTest(parameterized.TestCase):
     np.testing.assert_array_equal(out.tokens, truncate_at_eos(expected, eos))
 
   def test_oracle_head_accepts_everything(self):
-    target, head = bigram_pair()
-    new = 13
-    rng = np.random.default_rng(0)
-    prompts = [list(rng.integers(0, TF_CONFIG.vocab_size, n)) for n in (1, 5, 9)]
-    ar = sj.generate(target, prompts, sj.Autoregressive(), max_new_tokens=new)
-    for method in (sj.Eagle(head, gamma=3), sj.Eagle(head, tree=TREE, children="top_k")):
-      out = sj.generate(target, prompts, method, max_new_tokens=new)
-      np.testing.assert_array_equal(out.tokens, ar.tokens)
-      self.assertEqual(int(out.stats.target_calls), 1 + -(-(new - 1) // (method.gamma + 1)))
+    assert_accepts_everything(self, *bigram_pair())
 
   @parameterized.named_parameters(("chain", None), ("tree", TREE))
   def test_acceptance_equals_reference(self, tree):
@@ -177,25 +174,45 @@ class GreedyTest(parameterized.TestCase):
     noise = jax.random.normal(jax.random.key(5), (TF_CONFIG.hidden_size,) * 2)
     e = TF_CONFIG.hidden_size  # the features now matter: fc = [I; noise]
     head.fc.kernel.set_value(head.fc.kernel.get_value().at[e:].set(0.3 * noise))
-    method = (sj.Eagle(head, gamma=3) if tree is None else
-              sj.Eagle(head, tree=tree, children="top_k"))
-    shape = sj.Tree.chains(num=1, depth=3) if tree is None else tree
-    prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7], [1, 8, 2, 8, 1], [11]]
-    run = lambda: sj.generate(target, prompts, method, max_new_tokens=GREEDY_NEW)
-    out = run()
-    longer = sj.generate(target, prompts, max_new_tokens=GREEDY_NEW + shape.max_depth + 1).tokens
-    reference = [reference_accepted(target, head, p, longer[b], shape, GREEDY_NEW)
-                 for b, p in enumerate(prompts)]
-    self.assertBetween(sum(reference), 1, len(prompts) * (GREEDY_NEW - 1) - 1)  # some, not all
-    np.testing.assert_array_equal(out.stats.accepted, reference)
-
     clean_commit = eagle_lib.commit
     stale = lambda state, drafts, o: clean_commit(
         state, drafts, o.replace(features=jnp.roll(o.features, 1, axis=1)))
-    with patched(((eagle_lib, "commit", stale),)):
-      mutant = run()
-    np.testing.assert_array_equal(mutant.tokens, out.tokens)  # greedy: still exact ...
-    self.assertFalse(np.array_equal(mutant.stats.accepted, reference))  # ... but not EAGLE
+    assert_acceptance_equals_reference(self, target, head, tree, stale)
+
+
+def assert_accepts_everything(test, target, head) -> None:
+  """``head`` (an oracle of ``target``'s greedy next token) has every draft accepted, chain and
+  static tree, on a ragged batch: the Autoregressive tokens in the fewest target calls."""
+  new = 13
+  rng = np.random.default_rng(0)
+  prompts = [list(rng.integers(0, TF_CONFIG.vocab_size, n)) for n in (1, 5, 9)]
+  ar = sj.generate(target, prompts, sj.Autoregressive(), max_new_tokens=new)
+  for method in (sj.Eagle(head, gamma=3), sj.Eagle(head, tree=TREE, children="top_k")):
+    out = sj.generate(target, prompts, method, max_new_tokens=new)
+    np.testing.assert_array_equal(out.tokens, ar.tokens)
+    test.assertEqual(int(out.stats.target_calls), 1 + -(-(new - 1) // (method.gamma + 1)))
+
+
+def assert_acceptance_equals_reference(test, target, head, tree, stale_commit) -> None:
+  """Greedy ``sj.Eagle(head)`` (a chain of 3 when ``tree`` is None, else ``tree`` with top-k
+  children) accepts, row by row, exactly what ``reference_accepted`` does, some drafts but not
+  all; with ``eagle_lib.commit`` replaced by ``stale_commit`` (a features mutation) the tokens
+  stay exact but the acceptance differs."""
+  method = (sj.Eagle(head, gamma=3) if tree is None else
+            sj.Eagle(head, tree=tree, children="top_k"))
+  shape = sj.Tree.chains(num=1, depth=3) if tree is None else tree
+  prompts = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7], [1, 8, 2, 8, 1], [11]]
+  run = lambda: sj.generate(target, prompts, method, max_new_tokens=GREEDY_NEW)
+  out = run()
+  longer = sj.generate(target, prompts, max_new_tokens=GREEDY_NEW + shape.max_depth + 1).tokens
+  reference = [reference_accepted(target, head, p, longer[b], shape, GREEDY_NEW)
+               for b, p in enumerate(prompts)]
+  test.assertBetween(sum(reference), 1, len(prompts) * (GREEDY_NEW - 1) - 1)  # some, not all
+  np.testing.assert_array_equal(out.stats.accepted, reference)
+  with patched(((eagle_lib, "commit", stale_commit),)):
+    mutant = run()
+  np.testing.assert_array_equal(mutant.tokens, out.tokens)  # greedy: still exact ...
+  test.assertFalse(np.array_equal(mutant.stats.accepted, reference))  # ... but not EAGLE
 
 
 class LawTest(absltest.TestCase):
@@ -240,36 +257,67 @@ class LawTest(absltest.TestCase):
                               seed=_seed(name), exact_law=lawcheck.transformer_law)
 
 
-def numpy_head(tensors: dict, config: sj.ModelConfig, tokens, features, embed) -> np.ndarray:
-  """An independent NumPy forward of an EAGLE-1 head from its published tensors (torch layout):
-  [T] tokens and [T, E] features at positions 0..T-1 -> [T, E] predicted features."""
-  t = np.asarray
-  w = lambda name: t(tensors[name], np.float64)
-  x = np.concatenate([t(embed, np.float64)[tokens], features], -1) @ w("fc.weight").T + w(
-      "fc.bias")
+def numpy_layer(tensors: dict, prefix: str, config: sj.ModelConfig, x, residual) -> np.ndarray:
+  """An independent NumPy forward of the published Llama layer ``prefix`` (torch layout), its
+  input norm left out: causal attention of [T, D_in] ``x`` at positions 0..T-1 (RoPE), added to
+  ``residual`` [T, E], then the MLP half (post-attention norm, SwiGLU)."""
+  w = lambda name: np.asarray(tensors[prefix + name], np.float64)
   n, kv, d = config.num_heads, config.num_kv_heads, config.head_dim
-  q = (x @ w("layers.0.self_attn.q_proj.weight").T).reshape(-1, n, d)
-  k = (x @ w("layers.0.self_attn.k_proj.weight").T).reshape(-1, kv, d)
-  v = (x @ w("layers.0.self_attn.v_proj.weight").T).reshape(-1, kv, d)
+  q = (x @ w("self_attn.q_proj.weight").T).reshape(-1, n, d)
+  k = (x @ w("self_attn.k_proj.weight").T).reshape(-1, kv, d)
+  v = (x @ w("self_attn.v_proj.weight").T).reshape(-1, kv, d)
+  t = len(x)
   inv = 1.0 / config.rope_theta ** (np.arange(0, d, 2) / d)
-  ang = np.arange(len(tokens))[:, None] * inv[None]
+  ang = np.arange(t)[:, None] * inv[None]
   cos, sin = np.cos(np.concatenate([ang, ang], -1))[:, None], np.sin(
       np.concatenate([ang, ang], -1))[:, None]
   rot = lambda a: a * cos + np.concatenate([-a[..., d // 2:], a[..., :d // 2]], -1) * sin
   q, k = rot(q), rot(k)
   k, v = np.repeat(k, n // kv, axis=1), np.repeat(v, n // kv, axis=1)
   s = np.einsum("thd,shd->hts", q, k) / np.sqrt(d)
-  s = np.where(np.tril(np.ones((len(tokens),) * 2, bool))[None], s, -np.inf)
+  s = np.where(np.tril(np.ones((t, t), bool))[None], s, -np.inf)
   p = np.exp(s - s.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
-  h = x + np.einsum("hts,shd->thd", p, v).reshape(len(tokens), -1) @ w(
-      "layers.0.self_attn.o_proj.weight").T
-  g = h / np.sqrt(np.mean(h * h, -1, keepdims=True) + config.norm_eps) * w(
-      "layers.0.post_attention_layernorm.weight")
-  gate = g @ w("layers.0.mlp.gate_proj.weight").T
-  mlp = (gate / (1 + np.exp(-gate)) * (g @ w("layers.0.mlp.up_proj.weight").T)) @ w(
-      "layers.0.mlp.down_proj.weight").T
-  return h + mlp
+  h = residual + np.einsum("hts,shd->thd", p, v).reshape(t, -1) @ w(
+      "self_attn.o_proj.weight").T
+  g = numpy_rms(h, w("post_attention_layernorm.weight"), config)
+  gate = g @ w("mlp.gate_proj.weight").T
+  return h + (gate / (1 + np.exp(-gate)) * (g @ w("mlp.up_proj.weight").T)) @ w(
+      "mlp.down_proj.weight").T
+
+
+def numpy_rms(x, scale, config: sj.ModelConfig) -> np.ndarray:
+  return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + config.norm_eps) * scale
+
+
+def numpy_head(tensors: dict, config: sj.ModelConfig, tokens, features, embed) -> np.ndarray:
+  """An independent NumPy forward of an EAGLE-1 head from its published tensors (torch layout):
+  [T] tokens and [T, E] features at positions 0..T-1 -> [T, E] predicted features."""
+  w = lambda name: np.asarray(tensors[name], np.float64)
+  x = np.concatenate([np.asarray(embed, np.float64)[tokens], features], -1) @ w(
+      "fc.weight").T + w("fc.bias")
+  return numpy_layer(tensors, "layers.0.", config, x, x)
+
+
+def assert_round_trip(head, tensors: dict, out: str, target):
+  """``sj.save_head(head, out, target)`` writes exactly the published ``tensors`` plus the
+  target's embedding, and they load back to ``head``'s parameters (the embedding: the
+  target's). Returns (the loaded head, the written tensors)."""
+  from safetensors.numpy import load_file
+  sj.save_head(head, out, target)
+  written = load_file(os.path.join(out, "model.safetensors"))
+  assert sorted(written) == sorted(set(tensors) | {"embed_tokens.weight"}), sorted(written)
+  for name, value in tensors.items():
+    np.testing.assert_array_equal(written[name], value, err_msg=name)
+  again = sj.load_head(out)
+  params = lambda h: {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(h, nnx.Param))}
+  before, after = params(head), params(again)
+  np.testing.assert_array_equal(after.pop(("embed",)), target.embed.get_value())
+  before.pop(("embed",), None)
+  assert sorted(before) == sorted(after), (sorted(before), sorted(after))
+  for p, value in before.items():
+    np.testing.assert_array_equal(value, after[p], err_msg=str(p))
+  return again, written
 
 
 class LayoutTest(absltest.TestCase):
@@ -330,20 +378,7 @@ class LayoutTest(absltest.TestCase):
         self.check_forward(head, tensors, target)
         sj.Eagle(head).validate(target, 4, 4, "prompt length")  # the embedding matches
         with tempfile.TemporaryDirectory() as out:
-          sj.save_head(head, out, target)
-          from safetensors.numpy import load_file
-          written = load_file(os.path.join(out, "model.safetensors"))
-          self.assertEqual(sorted(written), sorted(set(tensors) | {"embed_tokens.weight"}))
-          for name, value in tensors.items():
-            np.testing.assert_array_equal(written[name], value)
-          again = sj.load_head(out)
-        params = lambda h: {p: v.get_value() for p, v in nnx.to_flat_state(nnx.state(h, nnx.Param))}
-        before, after = params(head), params(again)
-        np.testing.assert_array_equal(after.pop(("embed",)), target.embed.get_value())
-        before.pop(("embed",), None)
-        self.assertEqual(sorted(before), sorted(after))
-        for p, value in before.items():
-          np.testing.assert_array_equal(value, after[p], err_msg=str(p))
+          assert_round_trip(head, tensors, out, target)
 
   def test_pickled(self):
     target = random_transformer(TF_CONFIG, 0)

@@ -1,12 +1,17 @@
 """Target features through the proposer protocol (DESIGN.md §6): the hidden states the loop hands
 a proposer that declares ``features`` equal those of one full forward at those layers, after the
 prefill, chains, trees (compacted paths) and rollbacks; a stale-features control fails the same
-check; proposers without features compile to the same program."""
+check; proposers without features compile to the same program.
+
+The mechanism (``Recorded``, ``Recorder``, ``mismatch``) wraps any proposer: one without features
+of its own (a draft chain or tree) is handed ``FEATURES``; one with (an EAGLE head's,
+``tests/test_eagle3.py``) is handed its own, which the recorder passes on."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +22,7 @@ from flax import nnx
 import specjax as sj
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import NORMED
+from specjax.proposers import base
 from specjax.proposers.draft_chain import DraftChain
 from specjax.proposers.draft_tree import DraftTree
 
@@ -31,13 +37,16 @@ TOL = 1e-5
 
 @dataclasses.dataclass(frozen=True)
 class Recorder:
-  """Wraps a draft proposer, declares ``FEATURES`` and sends each committed position's handed
-  features to the host (``records``): (row, position, float[F, E]). ``stale``: records the
-  previous pass's features instead (the control)."""
+  """Wraps a proposer, declares its features (``FEATURES`` if it has none) and sends each
+  committed position's handed features to the host (``records``): (row, position, float[F, E]).
+  ``stale``: records the previous pass's features instead (the control)."""
 
-  inner: DraftChain | DraftTree
+  inner: Any  # a proposer (DraftChain, DraftTree, an EAGLE proposer, ...)
   stale: bool = False
-  features = FEATURES
+
+  @property
+  def features(self) -> tuple:
+    return base.features(self.inner) or FEATURES
 
   def __getattr__(self, name):
     return getattr(self.inner, name)
@@ -47,7 +56,8 @@ class Recorder:
     _send(positions, positions < prompt_lengths[:, None], features)
     shape = (prompt.shape[0], 1 + self.inner.num_candidates) + features.shape[2:]
     first = jnp.broadcast_to(features[:, :1], shape)  # "the previous pass" of the first commit
-    return self.inner.prefill(params, prompt, prompt_lengths, cache_length), first
+    own = (features,) if base.features(self.inner) else ()
+    return self.inner.prefill(params, prompt, prompt_lengths, cache_length, *own), first
 
   def propose(self, params, state, pending, keys, sampling):
     candidates, inner = self.inner.propose(params, state[0], pending, keys, sampling)
@@ -67,6 +77,22 @@ class Recorder:
     return self.inner.commit(params, state[0], candidates, o), o.features
 
 
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+  """A method whose proposer, ``make(target) -> (proposer, params)`` (e.g. another method's
+  ``proposer``), is wrapped in a ``Recorder``."""
+
+  make: Callable
+  stale: bool = False
+
+  def validate(self, target, width, max_new_tokens, what):
+    del target, width, max_new_tokens, what
+
+  def proposer(self, target):
+    inner, params = self.make(target)
+    return Recorder(inner, self.stale), params
+
+
 RECORDS: list = []
 
 
@@ -75,20 +101,29 @@ def _send(positions, valid, features):
                      features)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _full_features(graphdef, state, tokens):
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _full_features(graphdef, state, tokens, features):
   model = nnx.merge(graphdef, state)
   return model(tokens, init_cache(model.config, tokens.shape[0], tokens.shape[1]),
-               features=FEATURES)[2]
+               features=features)[2]
 
 
-def mismatch(target, prompts, out) -> float:
-  """Largest difference between the recorded features and one full forward's."""
+def run_recorded(target, method: Recorded, prompts, sampling, max_new_tokens: int = 12, **kwargs):
+  """(``sj.generate``'s output, ``mismatch``) of ``method`` (its records cleared first)."""
+  RECORDS.clear()
+  out = sj.generate(target, prompts, method, sampling=sampling, max_new_tokens=max_new_tokens,
+                    key=jax.random.key(3), **kwargs)
+  jax.effects_barrier()
+  return out, mismatch(target, prompts, out, method.proposer(target)[0].features)
+
+
+def mismatch(target, prompts, out, features=FEATURES) -> float:
+  """Largest difference between the recorded features and one full forward's at ``features``."""
   graphdef, state = nnx.split(target)
   worst, seen = 0.0, 0
   for b, prompt in enumerate(prompts):
     tokens = np.asarray(list(prompt) + [t for t in np.asarray(out.tokens[b]) if t >= 0], np.int32)
-    full = np.asarray(_full_features(graphdef, state, tokens[None]))[0]  # [T, F, E]
+    full = np.asarray(_full_features(graphdef, state, tokens[None], tuple(features)))[0]
     for positions, valid, feats in RECORDS:
       for j in np.flatnonzero(valid[b] & (positions[b] < len(tokens) - 1)):
         worst = max(worst, float(np.abs(feats[b, j] - full[positions[b, j]]).max()))
@@ -99,31 +134,22 @@ def mismatch(target, prompts, out) -> float:
 
 class FeaturesTest(parameterized.TestCase):
 
-  def run_recorded(self, inner, stale=False, sampling=sj.Sampling(1.0)):
+  def mismatch_of(self, inner, stale=False, sampling=sj.Sampling(1.0)):
     target = random_transformer(TF_CONFIG, 0)
-    draft = noisy_copy(TF_CONFIG, 1, 0.4)
-    graphdef, params = nnx.split(draft)
-
-    class Method(sj.Autoregressive):
-      def proposer(self, target):
-        del target
-        return Recorder(inner(graphdef), stale), params
-
-    RECORDS.clear()
-    out = sj.generate(target, GREEDY_PROMPTS, Method(), sampling=sampling, max_new_tokens=12,
-                      key=jax.random.key(3))
-    jax.effects_barrier()
+    graphdef, params = nnx.split(noisy_copy(TF_CONFIG, 1, 0.4))
+    method = Recorded(lambda target: (inner(graphdef), params), stale)
+    out, worst = run_recorded(target, method, GREEDY_PROMPTS, sampling)
     self.assertGreater(int(out.stats.target_calls), 2)
-    return mismatch(target, GREEDY_PROMPTS, out)
+    return worst
 
   @parameterized.named_parameters(
       ("chain", lambda g: DraftChain(graphdef=g, gamma=3)),
       ("tree", lambda g: DraftTree(graphdef=g, tree=sj.Tree.full(depth=2, branching=2))))
   def test_equal_full_forward(self, inner):
-    self.assertLess(self.run_recorded(inner), TOL)
+    self.assertLess(self.mismatch_of(inner), TOL)
 
   def test_stale_features_are_caught(self):
-    self.assertGreater(self.run_recorded(lambda g: DraftChain(graphdef=g, gamma=3), stale=True),
+    self.assertGreater(self.mismatch_of(lambda g: DraftChain(graphdef=g, gamma=3), stale=True),
                        1e-2)
 
   def test_layer_indices(self):

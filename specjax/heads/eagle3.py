@@ -19,6 +19,9 @@ Three changes from EAGLE-1/2 (``specjax.heads.eagle``):
 The head predicts the *pre-norm* hidden (what its own ``norm`` then ``lm_head`` read); it is
 trained by training-time test (``specjax.training.eagle``), on its own predicted hiddens for
 several steps. It embeds with the target's embedding, like EAGLE-1/2.
+
+On disk (``sj.load_head`` / ``sj.save_head``, ``specjax.heads.layout``): the EAGLE repository's
+``cnets.py`` layout, which vLLM and SGLang load too (``draft_ids`` as its ``d2t`` / ``t2d``).
 """
 
 from __future__ import annotations
