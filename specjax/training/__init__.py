@@ -12,15 +12,26 @@ Entry points::
 
   model, report = sj.training.fit(model, train_ids, val_stream=val_ids, steps=1000)
 
+  tokens, mask = sj.training.eagle_rows(target, prompts, 96, eos_id, seq_len=160)  # EAGLE heads
+  head = sj.training.init_eagle_head(target, "eagle3",
+                                     sj.training.draft_vocabulary(tokens, mask, 8192, V))
+  head, report = sj.training.train_eagle(target, head, tokens, mask, steps=300)
+
 ``fit`` / ``distill`` take the hyper-parameters of ``train_defaults`` as keywords; ``train_model``
 is the loop itself (a ``train_defaults`` config, a ``Batches``, validation windows, a checkpoint
 directory). Module by module: ``data``, ``losses``, ``optim``, ``forward`` (the training forward
 pass), ``step``, ``checkpoint``, ``evaluation``, ``models`` (initialisation), ``loop``,
-``export``, ``progress`` (log lines). ``experiments/train.py`` is the command-line app over it.
+``export``, ``progress`` (log lines and bars); for EAGLE heads ``eagle`` (steps, loop),
+``eagle_data`` (answers, cached features, draft vocabulary), ``eagle_forward`` (the training
+forward, training-time test) and ``eagle_eval``. ``experiments/train.py`` is the command-line
+app over it.
 """
 
 from specjax.training.checkpoint import checkpoint_manager, restore_checkpoint, save_checkpoint
-from specjax.training.data import Batches, eval_windows, frequent_ids, teacher_samples
+from specjax.training.data import (Batches, eval_windows, frequent_ids, teacher_answers,
+                                   teacher_prompts, teacher_samples)
+from specjax.training.eagle import (draft_vocabulary, eagle_defaults, eagle_rows,
+                                    init_eagle_head, train_eagle)
 from specjax.training.evaluation import evaluate, greedy_agreement, mean_kl
 from specjax.training.export import export_model, load_exported
 from specjax.training.losses import cross_entropy, kl_divergence
@@ -32,8 +43,10 @@ from specjax.training.step import make_train_step
 
 __all__ = [
     "Batches", "checkpoint_manager", "cross_entropy", "distill", "draft_from_teacher",
-    "eval_windows", "evaluate", "export_model", "fit", "frequent_ids", "greedy_agreement",
-    "grow_model", "initial_model", "kl_divergence", "learning_rate", "load_exported",
-    "make_optimizer", "make_train_step", "mean_kl", "model_config", "restore_checkpoint",
-    "save_checkpoint", "set_verbose", "teacher_samples", "train_defaults", "train_model",
+    "draft_vocabulary", "eagle_defaults", "eagle_rows", "eval_windows", "evaluate",
+    "export_model", "fit", "frequent_ids", "greedy_agreement", "grow_model", "init_eagle_head",
+    "initial_model", "kl_divergence", "learning_rate", "load_exported", "make_optimizer",
+    "make_train_step", "mean_kl", "model_config", "restore_checkpoint", "save_checkpoint",
+    "set_verbose", "teacher_answers", "teacher_prompts", "teacher_samples", "train_defaults",
+    "train_eagle", "train_model",
 ]

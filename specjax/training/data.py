@@ -48,25 +48,11 @@ def frequent_ids(stream: np.ndarray, k: int, vocab_size: int) -> np.ndarray:
   return np.sort(np.argsort(-counts, kind="stable")[:k]).astype(np.int32)
 
 
-def teacher_samples(teacher: str, tokenizer, instructions: Sequence[str],
-                    code_texts: Sequence[str], n_code: int, max_new_tokens: int, seed: int = 0,
-                    prompt_tokens: int = 48) -> np.ndarray:
-  """int32 token stream of the teacher's greedy continuations (each prompt + its continuation +
-  EOS) of the chat ``instructions`` (in its chat template) and of ``n_code`` windows of
-  ``prompt_tokens`` tokens cut from ``code_texts``; ``teacher`` is a path or checkpoint name for
-  ``specjax.load_model``.
-
-  What a draft meets at decoding time is the target's own output, and the teacher's greedy text is
-  far easier to predict than human text: a 2-layer SmolLM2 draft agreed with it on 0.65 of the
-  positions of such samples against 0.36 on the stdlib's own code. On-policy data, as in
-  DistillSpec (Zhou et al. 2023, arXiv 2310.08461). The teacher decodes in float32, the target's
-  own dtype in the runs the draft serves: its greedy text is that model's (in bfloat16, with the
-  products on the CPU's fast kernels, the 96 chats took as long end to end).
-  """
-  from specjax.decoding.generate import generate
-  from specjax.models.hf import load_model
-
-  model = load_model(teacher)
+def teacher_prompts(tokenizer, instructions: Sequence[str], code_texts: Sequence[str],
+                    n_code: int, seed: int = 0, prompt_tokens: int = 48) -> list[list[int]]:
+  """Token prompts: the chat ``instructions`` in the tokenizer's chat template (with the
+  assistant's generation prompt), then ``n_code`` windows of ``prompt_tokens`` tokens cut at
+  seeded random offsets from seeded random texts of ``code_texts``."""
   rng = np.random.default_rng([seed, 7])
   chat = [tokenizer.encode(tokenizer.apply_chat_template(
       [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True),
@@ -76,9 +62,44 @@ def teacher_samples(teacher: str, tokenizer, instructions: Sequence[str],
     ids = tokenizer.encode(code_texts[i], add_special_tokens=False)
     start = int(rng.integers(0, max(1, len(ids) - prompt_tokens)))
     code.append(ids[start:start + prompt_tokens])
-  eos = tokenizer.eos_token_id
-  prompts = chat + code  # one batch: one compilation and one loop (greedy rows are independent)
-  out = generate(model, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos)
+  return chat + code
+
+
+def teacher_answers(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                    eos_token_id: int | None) -> list[np.ndarray]:
+  """int32 greedy continuation of each prompt by ``model`` (a loaded ``Transformer``), up to
+  ``max_new_tokens`` tokens, ending at its first EOS (included) if it emits one.
+
+  All prompts go in one ``sj.generate`` batch: one compilation and one loop (greedy rows are
+  independent, so the batch does not change any row's tokens)."""
+  from specjax.decoding.generate import generate
+
+  out = generate(model, [list(p) for p in prompts], max_new_tokens=max_new_tokens,
+                 eos_token_id=eos_token_id)
   tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-  return np.concatenate([np.asarray(list(prompt) + row[:length].tolist() + [eos], np.int32)
-                         for prompt, row, length in zip(prompts, tokens, lengths)])
+  return [np.asarray(row[:length], np.int32) for row, length in zip(tokens, lengths)]
+
+
+def teacher_samples(teacher, tokenizer, instructions: Sequence[str],
+                    code_texts: Sequence[str], n_code: int, max_new_tokens: int, seed: int = 0,
+                    prompt_tokens: int = 48) -> np.ndarray:
+  """int32 token stream of the teacher's greedy continuations (each prompt + its continuation +
+  EOS) of the chat ``instructions`` (in its chat template) and of ``n_code`` windows of
+  ``prompt_tokens`` tokens cut from ``code_texts`` (``teacher_prompts``, ``teacher_answers``);
+  ``teacher`` is a loaded model, or a path or checkpoint name for ``specjax.load_model``.
+
+  What a draft meets at decoding time is the target's own output, and the teacher's greedy text is
+  far easier to predict than human text: a 2-layer SmolLM2 draft agreed with it on 0.65 of the
+  positions of such samples against 0.36 on the stdlib's own code. On-policy data, as in
+  DistillSpec (Zhou et al. 2023, arXiv 2310.08461). The teacher decodes in float32, the target's
+  own dtype in the runs the draft serves: its greedy text is that model's (in bfloat16, with the
+  products on the CPU's fast kernels, the 96 chats took as long end to end).
+  """
+  if isinstance(teacher, str):
+    from specjax.models.hf import load_model
+    teacher = load_model(teacher)
+  eos = tokenizer.eos_token_id
+  prompts = teacher_prompts(tokenizer, instructions, code_texts, n_code, seed, prompt_tokens)
+  answers = teacher_answers(teacher, prompts, max_new_tokens, eos)
+  return np.concatenate([np.asarray(list(prompt) + answer.tolist() + [eos], np.int32)
+                         for prompt, answer in zip(prompts, answers)])

@@ -109,6 +109,22 @@ def causal_logits(model: Transformer, inputs: jax.Array, compute_dtype=None,
   0.0006 nats). ``head_ids`` (int32[K]): logits of those vocabulary ids only, [B, T, K]: the
   head's K rows, not all V (a reduced-vocabulary draft, ALGORITHMS.md §13).
   """
+  cd = None if compute_dtype is None else jnp.dtype(compute_dtype)
+  x = causal_states(model, inputs, compute_dtype)[-1]
+  if head_ids is None and cd is None:
+    return model.project(x)  # the model's own head (a reduced-vocabulary view's too)
+  head = model.embed[...].T if model.lm_head is None else model.lm_head[...]
+  if head_ids is not None:
+    head = jnp.take(head, head_ids, axis=1)
+  return mm(x, head, cd)
+
+
+def causal_states(model: Transformer, inputs: jax.Array, compute_dtype=None,
+                  num_layers: int | None = None) -> list[jax.Array]:
+  """float32 residual streams of ``causal_logits``' pass: the output of each of the first
+  ``num_layers`` blocks (default all; ``feature_layers``' numbering), then, after all blocks, the
+  final norm's output (``NORMED``), [B, T, E] each. With ``num_layers`` < the model's, the pass
+  stops there and the list ends with that block's output."""
   from specjax.models.transformer import _rotate
 
   cd = None if compute_dtype is None else jnp.dtype(compute_dtype)
@@ -118,7 +134,8 @@ def causal_logits(model: Transformer, inputs: jax.Array, compute_dtype=None,
   emb = jnp.concatenate([freqs, freqs], axis=-1)[None, :, None, :]  # [1, T, 1, D]
   cos, sin = jnp.cos(emb), jnp.sin(emb)
   causal = jnp.tril(jnp.ones((t, t), bool))
-  for layer in model.layers:
+  states = []
+  for layer in model.layers[:num_layers]:
     attn, mlp = layer.attn, layer.mlp
     h = layer.attn_norm(x)
     q = _dense(attn.q, h, cd).reshape(b, t, attn.num_kv_heads, -1, attn.head_dim)
@@ -135,10 +152,7 @@ def causal_logits(model: Transformer, inputs: jax.Array, compute_dtype=None,
     x = x + _dense(attn.o, out, cd)
     h = layer.mlp_norm(x)
     x = x + _dense(mlp.down, mlp.act(_dense(mlp.gate, h, cd)) * _dense(mlp.up, h, cd), cd)
-  x = model.final_norm(x)
-  if head_ids is None and cd is None:
-    return model.project(x)  # the model's own head (a reduced-vocabulary view's too)
-  head = model.embed[...].T if model.lm_head is None else model.lm_head[...]
-  if head_ids is not None:
-    head = jnp.take(head, head_ids, axis=1)
-  return mm(x, head, cd)
+    states.append(x)
+  if num_layers is None or num_layers >= len(model.layers):
+    states.append(model.final_norm(x))
+  return states

@@ -33,3 +33,16 @@ def fmt_seconds(s: float) -> str:
     return "?"
   s = int(round(s))
   return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def bar(total: int, initial: int = 0, desc: str = ""):
+  """A tqdm progress bar on stderr (``update(n)``, ``set_postfix_str``, ``close``), or None when
+  progress is off (``set_verbose(False)``) or tqdm is not installed."""
+  if not _VERBOSE:
+    return None
+  try:
+    from tqdm.auto import tqdm
+  except ImportError:
+    return None
+  return tqdm(total=total, initial=initial, desc=desc, unit="step", file=sys.stderr,
+              dynamic_ncols=True, leave=True)

@@ -1,0 +1,314 @@
+"""Training EAGLE heads on a target's own answers: EAGLE-1's feature regression and EAGLE-3's
+training-time test, resumable, with a held-out evaluation of what drafting will see.
+
+  import specjax as sj
+  from specjax.training import eagle as et
+  tokens, mask = et.eagle_rows(target, prompts, max_new_tokens=128, eos_token_id=2, seq_len=192)
+  head = et.init_eagle_head(target, "eagle3", et.draft_vocabulary(tokens, mask, 8192, V))
+  head, report = et.train_eagle(target, head, tokens, mask, steps=300, eval_rows=8,
+                                eval_prompts=held_out, checkpoint_dir="/tmp/ckpt",
+                                cache_dir="/tmp/features")
+  sj.save_head(head, "/tmp/head")
+
+**EAGLE-1** (Li et al. 2024, arXiv 2401.15077 §4; the repository's ``eagle/train/main.py``):
+position ``t`` reads ``(token t + 1, the target's normed feature at t + noise)`` and regresses
+the feature at ``t + 1``: ``v_weight`` x smooth-L1 + ``p_weight`` x CE of its logits (through the
+target's frozen LM head) against the target's softmax there (soft labels), 1.0 and 0.1 as in the
+repository. The noise is uniform, ``U(-noise/2, noise/2)`` (the repository's ``(rand - 0.5) *
+0.2 * 512 / T``: width 0.2 at its 512-token rows), added to the input features only: the head
+learns to draft from its own imperfect features.
+
+**EAGLE-3** (Li et al. 2025, arXiv 2503.01840 §3; ``eagle/traineagle3``): no regression, only
+the soft-label CE, over the draft vocabulary (the target's logits restricted to it, softmaxed;
+positions whose target argmax is outside it are left out, the repository's ``position_mask``),
+at each of ``ttt_steps`` training-time-test steps (``eagle_forward.ttt_forward``; the
+repository's ``length`` = 7), step ``k`` weighted ``ttt_decay ** k`` (0.8).
+
+Both: AdamW (``optim.make_optimizer``: b2 0.95, clipping 0.5 and no weight decay as in the
+repository), warmup then cosine decay to a fixed step count, so every machine trains the same head;
+batch ``s`` is a pure function of ``(seed, s)``, the noise too, so a run resumed from its orbax
+checkpoint (``checkpoint.py``) ends bit-identical to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from specjax.heads.eagle import init_head
+from specjax.heads.eagle3 import Eagle3Head, init_head3
+from specjax.training.checkpoint import checkpoint_manager, restore_checkpoint, save_checkpoint
+from specjax.training.eagle_data import (answer_rows, draft_vocabulary, eagle_rows,  # noqa: F401
+                                         extract_features, feature_layers_of)
+from specjax.training.eagle_eval import eagle_acceptance, ttt_agreement
+from specjax.training.eagle_forward import (Spec, head_logits, smooth_l1, soft_cross_entropy,
+                                            step_inputs, step_mask, ttt_forward)
+from specjax.training.forward import mm, split
+from specjax.training.optim import learning_rate, make_optimizer
+from specjax.training.progress import bar, fmt_seconds, log
+
+
+def eagle_defaults(**overrides):
+  """The hyper-parameters ``train_eagle`` reads (an ``ml_collections.ConfigDict``)."""
+  import ml_collections
+  d = dict(
+      steps=200,            # optimizer steps (fixed: the same head on every machine)
+      batch_size=8,         # rows per step
+      lr=1e-3,              # peak learning rate (warmup, then cosine to min_lr_ratio * lr)
+      warmup_steps=20,
+      min_lr_ratio=0.1,
+      weight_decay=0.0,     # the repository's AdamW: none
+      b2=0.95,
+      grad_clip=0.5,        # global norm
+      ttt_steps=7,          # EAGLE-3 training-time-test steps (the repository's length); EAGLE-1: 1
+      ttt_decay=0.8,        # step k's loss weight: ttt_decay ** k
+      p_weight=0.1,         # EAGLE-1: weight of the soft-label CE
+      v_weight=1.0,         # EAGLE-1: weight of the smooth-L1 feature regression
+      noise=0.2,            # EAGLE-1: width of the uniform noise on the input features
+      loss_vocab=0,         # EAGLE-1: >0: its CE over that many most frequent answer ids only
+                            # (restricted soft labels, as EAGLE-3's), not all V: cheaper steps
+      frozen="",            # comma-separated parameter names left as initialised (e.g. "lm_head")
+      compute_dtype="",     # matmul operands ("bfloat16": the CPU's fast kernels); "" = float32
+      ckpt_every=50,
+      keep_checkpoints=2,
+      max_steps_per_run=0,  # >0: stop (and save) after this many steps of this run; resumable
+      log_every=25,
+      eval_steps=4,         # TTT steps of the held-out top-1 agreement
+      seed=0,
+  )
+  d.update(overrides)
+  return ml_collections.ConfigDict(d)
+
+
+def init_eagle_head(target, kind: str = "eagle3", draft_ids=None, key: int = 0,
+                    num_layers: int = 1, from_target: bool = True):
+  """An untrained float32 head for ``target``: ``"eagle"`` (EAGLE-1/2, ``num_layers`` layers)
+  or ``"eagle3"`` (``draft_ids``: its draft vocabulary, ``draft_vocabulary``; None: all).
+
+  ``from_target`` (EAGLE-3): its ``lm_head`` starts as the target's LM head columns of the draft
+  ids and its ``norm`` as the target's final norm, so that its output space starts as the
+  target's residual stream, which the fused features already live in. Our choice for short CPU
+  runs (the repository starts both at random); the head's layer is random either way."""
+  config = dataclasses.replace(target.config, dtype="float32")
+  if kind == "eagle":
+    return init_head(config, key, num_layers)
+  if kind != "eagle3":
+    raise ValueError(f"head kind must be 'eagle' or 'eagle3', got {kind!r}")
+  head = init_head3(config, key, draft_ids)
+  if from_target:
+    w = target.embed[...].T if target.lm_head is None else target.lm_head[...]
+    head.lm_head[...] = jnp.take(w, head.draft_ids[...], axis=1).astype(jnp.float32)
+    head.norm.scale[...] = target.final_norm.scale[...].astype(jnp.float32)
+  return head
+
+
+def _loss(params, graphdef, rest, batch, consts, key, spec: Spec):
+  head = nnx.merge(graphdef, params, rest)
+  tokens, hidden, normed = step_inputs(head, batch, spec, key)
+  t = hidden.shape[1]
+  outs = ttt_forward(head, consts["embed"], tokens, hidden, spec.steps, spec.compute_dtype)
+  labels = mm(normed[:, 1:], consts["label_w"], spec.compute_dtype)  # positions 1..L-1
+  labels = jnp.pad(labels, ((0, 0), (0, spec.steps), (0, 0)))
+  loss, ces, accs = 0.0, [], []
+  for k, out in enumerate(outs):
+    mask = step_mask(batch, consts, spec, k, t)
+    label = labels[:, k:k + t]
+    logits = head_logits(head, consts["label_w"], out, spec.compute_dtype)
+    ce = soft_cross_entropy(label, logits, mask)
+    hit = (jnp.argmax(logits, -1) == jnp.argmax(label, -1)).astype(jnp.float32)
+    accs.append(jnp.sum(hit * mask) / jnp.maximum(jnp.sum(mask), 1.0))
+    ces.append(ce)
+    loss = loss + spec.decay ** k * ce
+  metrics = {"ce": jnp.stack(ces), "acc": jnp.stack(accs)}
+  if not spec.eagle3:
+    plain = {key: v for key, v in consts.items() if key != "in_vocab"}
+    vloss = smooth_l1(outs[0], normed[:, 1:], step_mask(batch, plain, spec, 0, t))
+    metrics["vloss"] = vloss
+    loss = spec.v_weight * vloss + spec.p_weight * loss
+  metrics["loss"] = loss
+  return loss, metrics
+
+
+def make_eagle_step(tx: optax.GradientTransformation, spec: Spec):
+  """A jitted ``step(graphdef, params, rest, opt_state, batch, lr, consts, key) -> (params,
+  opt_state, metrics)``; ``batch``: ``tokens`` int32[B, L] (the target's greedy text),
+  ``mask`` bool[B, L] (answer tokens), ``features`` [B, L, F, E]; ``consts``: the
+  target's ``embed`` [V, E], ``label_w`` [E, V'] (its LM head, over the draft vocabulary for
+  EAGLE-3) and, EAGLE-3, ``in_vocab`` bool[V]."""
+
+  @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(1, 3))
+  def step(graphdef, params, rest, opt_state, batch, lr, consts, key):
+    grads, metrics = jax.grad(_loss, has_aux=True)(params, graphdef, rest, batch, consts, key,
+                                                   spec)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    updates = jax.tree.map(lambda u: (-lr * u).astype(u.dtype), updates)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    return optax.apply_updates(params, updates), opt_state, metrics
+
+  return step
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_step(grad_clip: float, b2: float, weight_decay: float, spec: Spec):
+  """(optimizer, jitted step) per hyper-parameter set: repeated runs reuse the compilation."""
+  import ml_collections
+  tx = make_optimizer(ml_collections.ConfigDict(
+      dict(grad_clip=grad_clip, b2=b2, weight_decay=weight_decay)))
+  return tx, make_eagle_step(tx, spec)
+
+
+def _consts(target, head, loss_ids=None) -> dict:
+  """The step's constants: the target's embedding and its LM head over the loss vocabulary
+  (EAGLE-3: the draft vocabulary; EAGLE-1: ``loss_ids``, or all of it), ``in_vocab`` when that
+  is a subset."""
+  w = target.embed[...].T if target.lm_head is None else target.lm_head[...]
+  consts = {"embed": jnp.asarray(target.embed[...], jnp.float32)}
+  ids = head.draft_ids[...] if isinstance(head, Eagle3Head) else loss_ids
+  if ids is None:
+    consts["label_w"] = jnp.asarray(w, jnp.float32)
+    return consts
+  ids = jnp.asarray(ids, jnp.int32)
+  consts["label_w"] = jnp.take(w, ids, axis=1).astype(jnp.float32)
+  consts["in_vocab"] = jnp.zeros((target.config.vocab_size,), bool).at[ids].set(True)
+  return consts
+
+
+def _rows(seed: int, step: int, n: int, batch_size: int) -> np.ndarray:
+  """The rows of batch ``step``: a pure function of ``(seed, step)``."""
+  return np.sort(np.random.default_rng([seed, step]).choice(n, batch_size,
+                                                               replace=batch_size > n))
+
+
+def _check(cfg, tokens, mask, eval_rows: int, eagle3: bool) -> tuple[int, int]:
+  steps, k = int(cfg.steps), int(cfg.ttt_steps) if eagle3 else 1
+  if steps < 1:
+    raise ValueError(f"steps must be >= 1, got {steps}")
+  if int(cfg.ttt_steps) < 1:
+    raise ValueError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
+  if tokens.ndim != 2 or (mask is not None and mask.shape != tokens.shape):
+    raise ValueError(f"tokens must be [rows, length] with a mask of the same shape, got "
+                     f"{tokens.shape} and {None if mask is None else mask.shape}")
+  if tokens.shape[1] < k + 2:
+    raise ValueError(f"rows of {tokens.shape[1]} tokens are too short for {k} TTT step(s): "
+                     f"need >= {k + 2}")
+  if not 0 <= eval_rows < len(tokens):
+    raise ValueError(f"eval_rows {eval_rows} must leave training rows of the {len(tokens)}")
+  return steps, k
+
+
+def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None, *,
+                eval_rows: int = 0, eval_prompts=None, eval_gamma: int = 4,
+                eval_new_tokens: int = 64, eos_token_id=None, feature_dtype: str | None = None,
+                checkpoint_dir: str | os.PathLike | None = None,
+                cache_dir: str | os.PathLike | None = None, name: str = "eagle", **hparams):
+  """Trains ``head`` (``EagleHead``: EAGLE-1's loss; ``Eagle3Head``: training-time test) on the
+  rows ``tokens`` int[N, L] with answer ``mask`` bool[N, L] (``eagle_rows``; None: every token)
+  for ``target``; returns (trained head, report).
+
+  The last ``eval_rows`` rows are held out: the report's ``agreement`` is the head's top-1
+  agreement with the target per TTT step on them (``ttt_agreement``). ``eval_prompts`` (token
+  lists): ``acceptance``, greedy ``sj.Eagle(head, eval_gamma)`` on them (``eagle_acceptance``).
+  ``hparams``: ``eagle_defaults`` fields. ``feature_dtype``: the target's dtype for the feature
+  pass (``extract_features``, cached under ``cache_dir``). With ``checkpoint_dir`` the run saves
+  there every ``ckpt_every`` steps and resumes from the latest checkpoint.
+  """
+  cfg = eagle_defaults(**hparams)
+  tokens = np.asarray(tokens, np.int32)
+  mask = np.ones(tokens.shape, bool) if mask is None else np.asarray(mask, bool)
+  eagle3 = isinstance(head, Eagle3Head)
+  steps, k = _check(cfg, tokens, mask, eval_rows, eagle3)
+  report = {"kind": "eagle3" if eagle3 else "eagle", "rows": int(len(tokens)),
+            "seq_len": int(tokens.shape[1]), "answer_tokens": int(mask[:len(mask) - eval_rows].sum()),
+            "seconds": {}}
+  t0 = time.time()
+  layers, inputs, normed = feature_layers_of(head, target.config)
+  feats = extract_features(target, tokens, layers, dtype=feature_dtype, cache_dir=cache_dir)
+  report["seconds"]["features"] = time.time() - t0
+  n_train = len(tokens) - eval_rows
+  data = {"tokens": tokens, "mask": mask, "features": feats}
+  spec = Spec(eagle3, inputs, normed, k, float(cfg.ttt_decay), float(cfg.p_weight),
+               float(cfg.v_weight), 0.0 if eagle3 else float(cfg.noise),
+               cfg.compute_dtype or None)
+  tx, step_fn = _cached_step(float(cfg.grad_clip), float(cfg.b2), float(cfg.weight_decay), spec)
+  loss_ids = None
+  if not eagle3 and int(cfg.loss_vocab):
+    loss_ids = draft_vocabulary(tokens[:n_train], mask[:n_train], int(cfg.loss_vocab),
+                                target.config.vocab_size)
+  consts = _consts(target, head, loss_ids)
+  graphdef, params, rest = split(head, cfg.frozen)
+  params = jax.tree.map(jnp.array, params)  # copies: the step donates its parameters
+  opt_state = tx.init(params)
+  mngr = checkpoint_manager(pathlib.Path(checkpoint_dir), cfg) if checkpoint_dir else None
+  start, prior = 0, 0.0
+  if mngr is not None and mngr.latest_step() is not None:
+    start, params, opt_state, prior = restore_checkpoint(mngr, params, opt_state)
+    log(f"{name}: resumed from checkpoint at step {start}")
+  log(f"{name}: {sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M params, "
+      f"{report['answer_tokens']:,} answer tokens in {n_train} rows of {tokens.shape[1]}, "
+      f"steps {start}->{steps}, batch {cfg.batch_size}, {k} TTT step(s)")
+  t1, history, pending = time.time(), [], []
+  progress = bar(steps, start, name)
+  base_key = jax.random.key(int(cfg.seed))
+  stop = steps if not cfg.max_steps_per_run else min(steps, start + int(cfg.max_steps_per_run))
+  for step in range(start, stop):
+    rows = _rows(int(cfg.seed), step, n_train, int(cfg.batch_size))
+    batch = {key: jnp.asarray(v[rows]) for key, v in data.items()}
+    params, opt_state, metrics = step_fn(graphdef, params, rest, opt_state, batch,
+                                         jnp.float32(learning_rate(cfg, step)), consts,
+                                         jax.random.fold_in(base_key, step))
+    pending.append(metrics)
+    done = step + 1
+    if done % int(cfg.log_every) == 0 or done == stop:
+      host = jax.device_get(pending)
+      pending = []
+      entry = {"step": done, "time": time.time() - t1, "lr": learning_rate(cfg, step)}
+      for key in host[0]:
+        entry[key] = np.mean([h[key] for h in host], axis=0).tolist()
+      history.append(entry)
+      if progress is not None:
+        progress.set_postfix_str(f"loss {entry['loss']:.3f} acc0 {entry['acc'][0]:.3f}")
+    if progress is not None:
+      progress.update(1)
+    if mngr is not None:
+      save_checkpoint(mngr, done, params, opt_state, prior + time.time() - t1,
+                      force=done == stop)
+  if progress is not None:
+    progress.close()
+  if mngr is not None:
+    mngr.wait_until_finished()
+    mngr.close()
+  report["seconds"]["train"] = time.time() - t1
+  report.update(steps=stop, start_step=start, stopped_early=stop < steps, history=history,
+                config=cfg.to_dict())
+  head = nnx.merge(graphdef, params, rest)
+  t2 = time.time()
+  if eval_rows and stop == steps:
+    held = {key: v[n_train:] for key, v in data.items()}
+    report["agreement"] = ttt_agreement(head, (graphdef, params, rest), held,
+                                        _consts(target, head), spec, int(cfg.eval_steps))
+    log(f"{name}: held-out top-1 agreement per TTT step "
+        + " ".join(f"{a:.3f}" for a in report["agreement"]))
+  if eval_prompts and stop == steps:
+    report["acceptance"] = eagle_acceptance(target, head, eval_prompts, eval_gamma,
+                                            eval_new_tokens, eos_token_id)
+    log(f"{name}: greedy acceptance per position at gamma {eval_gamma}: "
+        + " ".join(f"{a:.3f}" for a in report["acceptance"]["per_position"]))
+  report["seconds"]["eval"] = time.time() - t2
+  log(f"{name}: trained in {fmt_seconds(report['seconds']['train'])} "
+      f"(features {fmt_seconds(report['seconds']['features'])}, "
+      f"evaluation {fmt_seconds(report['seconds']['eval'])})")
+  return head, report
+
+
+__all__ = ["answer_rows", "draft_vocabulary", "eagle_acceptance", "eagle_defaults",
+           "eagle_rows", "extract_features", "init_eagle_head", "make_eagle_step",
+           "train_eagle", "ttt_agreement"]

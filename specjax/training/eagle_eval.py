@@ -1,0 +1,67 @@
+"""How well an EAGLE head will draft: its top-1 agreement with the target per training-time-test
+step on held-out rows (the repository's per-position ``acc``), and its greedy acceptance per draft
+position through ``sj.generate`` (``sj.Eagle``), which is what decoding gets."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.training.eagle_forward import (Spec, head_logits, predicted, step_inputs,
+                                            step_mask, ttt_forward)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5, 6))
+def _agreement(graphdef, params, rest, batch, consts, spec: Spec, steps: int):
+  """int32[steps] positions where the head's greedy draft at TTT step k equals the target's
+  argmax, and int32[steps] positions counted (the predicted token is an answer token)."""
+  head = nnx.merge(graphdef, params, rest)
+  spec = dataclasses.replace(spec, steps=steps, noise=0.0)
+  tokens, hidden, _ = step_inputs(head, batch, spec, None)
+  t = hidden.shape[1]
+  outs = ttt_forward(head, consts["embed"], tokens, hidden, steps, spec.compute_dtype)
+  hits, counts = [], []
+  for k, out in enumerate(outs):
+    mask = step_mask(batch, {}, spec, k, t)  # every answer position counts
+    draft = jnp.argmax(head_logits(head, consts["label_w"], out, spec.compute_dtype), -1)
+    if spec.eagle3:
+      draft = head.draft_ids[...][draft]
+    hits.append(jnp.sum((draft == predicted(batch, steps, k, t)) * mask))
+    counts.append(jnp.sum(mask))
+  return jnp.stack(hits).astype(jnp.int32), jnp.stack(counts).astype(jnp.int32)
+
+
+def ttt_agreement(head, graph, data: dict, consts: dict, spec: Spec, steps: int,
+                  batch_size: int = 8) -> list[float]:
+  """Per TTT step k: the fraction of held-out positions where the head's greedy draft, ``k``
+  steps into a chain on its own features (the true tokens fed), is the target's argmax."""
+  graphdef, params, rest = graph
+  n = len(data["tokens"])
+  hits, counts = np.zeros(steps), np.zeros(steps)
+  for i in range(0, n, batch_size):
+    batch = {k: jnp.asarray(v[i:i + batch_size]) for k, v in data.items()}
+    h, c = _agreement(graphdef, params, rest, batch, consts, spec, steps)
+    hits += np.asarray(h)
+    counts += np.asarray(c)
+  return [float(h / c) if c else float("nan") for h, c in zip(hits, counts)]
+
+
+def eagle_acceptance(target, head, prompts, gamma: int = 4, max_new_tokens: int = 64,
+                     eos_token_id=None) -> dict:
+  """Greedy ``sj.Eagle(head, gamma)`` on ``prompts`` (one batch): acceptance per draft
+  position (accepted / proposed), the overall acceptance rate and mean accepted drafts per
+  iteration."""
+  from specjax.decoding.generate import generate
+  from specjax.decoding.methods import Eagle
+
+  out = generate(target, [list(p) for p in prompts], Eagle(head, gamma=gamma),
+                 max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
+  s = out.stats
+  return {"gamma": gamma, "per_position": [float(a) for a in s.acceptance_by_position],
+          "acceptance_rate": float(s.acceptance_rate),
+          "tokens_per_call": float(s.tokens_per_target_call)}
