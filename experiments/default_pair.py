@@ -38,8 +38,9 @@ def default_pair_dir() -> pathlib.Path:
   return cache_root() / VERSION
 
 
-def is_complete(path: str | os.PathLike, models: tuple[str, ...] = ("target", "draft")) -> bool:
-  """True when ``path`` holds a finished build: the marker and every model file are present."""
+def is_complete(path: str | os.PathLike, models: tuple[str, ...] = ("target", "draft"),
+                files: tuple[str, ...] = REQUIRED_FILES) -> bool:
+  """True when ``path`` holds a finished build: the marker and every model's ``files``."""
   path = pathlib.Path(path)
   if not (path / MARKER).is_file():
     return False
@@ -47,7 +48,19 @@ def is_complete(path: str | os.PathLike, models: tuple[str, ...] = ("target", "d
     json.loads((path / MARKER).read_text())
   except (OSError, ValueError):
     return False
-  return all((path / m / f).is_file() for m in models for f in REQUIRED_FILES)
+  return all((path / m / f).is_file() for m in models for f in files)
+
+
+def finish_build(partial: pathlib.Path, dest: pathlib.Path, marker: dict,
+                 scratch: tuple[str, ...] = ("checkpoints", "data")) -> None:
+  """Completes a build made in ``partial``: its ``scratch`` directories removed, the ``MARKER``
+  file written last, then ``partial`` renamed to ``dest`` (replacing it)."""
+  for name in scratch:
+    shutil.rmtree(partial / name, ignore_errors=True)
+  marker = dict(marker, created=time.time(), python=sys.version.split()[0])
+  (partial / MARKER).write_text(json.dumps(marker, indent=1, default=str))  # written last
+  shutil.rmtree(dest, ignore_errors=True)
+  os.replace(partial, dest)
 
 
 def load_config(file: str | os.PathLike):
@@ -99,17 +112,12 @@ def build_pair(dest: str | os.PathLike, config=None, verbose: bool = True,
     if (partial / "draft").exists():  # the data-trained draft, when the distilled one is chosen
       os.replace(partial / "draft", partial / "draft_data")
     os.replace(partial / "draft.tmp", partial / "draft")
-    for scratch in ("checkpoints", "data"):
-      shutil.rmtree(partial / scratch, ignore_errors=True)
     report["default_draft"] = chosen
     report["build_seconds"] = time.time() - t0
     (partial / train.REPORT_FILE).write_text(json.dumps(report, indent=1))
-    marker = {"version": version, "default_draft": chosen, "created": time.time(),
-              "build_seconds": report["build_seconds"], "python": sys.version.split()[0],
-              "config": config.to_dict()}
-    (partial / MARKER).write_text(json.dumps(marker, indent=1, default=str))  # written last
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(partial, dest)
+    finish_build(partial, dest, {"version": version, "default_draft": chosen,
+                                 "build_seconds": report["build_seconds"],
+                                 "config": config.to_dict()})
   finally:
     set_verbose(old_verbose)
   return report
@@ -117,14 +125,15 @@ def build_pair(dest: str | os.PathLike, config=None, verbose: bool = True,
 
 def ensure_built(dest: pathlib.Path, models: tuple[str, ...], build, verbose: bool = True,
                  what: str = "the default target/draft pair",
-                 duration: str = "about 8-9 minutes on 2 CPU cores") -> bool:
-  """Runs ``build(dest)`` unless ``dest`` is complete (``is_complete(dest, models)``), under an
-  exclusive lock beside ``dest`` so that concurrent callers build once; an incomplete ``dest``
-  (an interrupted build) is removed first. Returns True if this call built it."""
-  if is_complete(dest, models):
+                 duration: str = "about 8-9 minutes on 2 CPU cores",
+                 files: tuple[str, ...] = REQUIRED_FILES) -> bool:
+  """Runs ``build(dest)`` unless ``dest`` is complete (``is_complete(dest, models, files)``),
+  under an exclusive lock beside ``dest`` so that concurrent callers build once; an incomplete
+  ``dest`` (an interrupted build) is removed first. Returns True if this call built it."""
+  if is_complete(dest, models, files):
     return False
   with _exclusive_lock(dest.with_name(dest.name + ".lock")):
-    if is_complete(dest, models):  # another process may have finished it while we waited
+    if is_complete(dest, models, files):  # another process may have finished it meanwhile
       return False
     if dest.exists():
       if verbose:

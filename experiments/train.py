@@ -23,6 +23,10 @@ ALGORITHMS.md §13), and the data may add the Python reference as chat conversat
 teacher's own answers (``corpus.chat_train_bytes``, ``corpus.teacher_chat_prompts``). See
 configs/train_smollm2_draft.py.
 
+A config with an ``eagle`` block (configs/train_eagle3_smollm2.py, configs/train_eagle_smollm2.py)
+trains an EAGLE-1 or EAGLE-3 head for ``teacher`` on its own answers instead
+(experiments/eagle_phase.py).
+
 The mechanisms are ``specjax.training``'s (data windows, losses, optimiser, step, checkpoints,
 evaluation, export); this app holds the configs, the data preparation (experiments/corpus.py) and
 the phases. Each model phase is resumable: an orbax ``CheckpointManager`` under
@@ -207,6 +211,9 @@ def prepare_data(config, out_dir: pathlib.Path):
 def run(config, out_dir: str | os.PathLike | None = None) -> dict:
   """Runs ``config.phases`` (see the module docstring); returns the report (also written to
   ``out_dir/train_report.json``). Phases already exported (``<phase>/config.json``) are skipped."""
+  if "eagle" in config:  # an EAGLE head for config.teacher instead of the phases
+    from experiments import eagle_phase
+    return eagle_phase.run(config, out_dir)
   out_dir = pathlib.Path(out_dir or config.out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   t_start = time.time()
@@ -334,6 +341,10 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   config = _CONFIG.value
   report = run(config)
+  if "eagle" in config:
+    brief = {k: report.get(k) for k in ("seconds", "data", "acceptance")}
+    print(json.dumps(dict(brief, agreement=report["train"].get("agreement")), indent=1))
+    return
   brief = {p: {k: r.get(k) for k in ("steps", "wall_seconds", "val_loss", "tokens_per_second")}
            for p, r in report["phases"].items()}
   print(json.dumps({"phases": brief, "agreement": report.get("agreement")}, indent=1))

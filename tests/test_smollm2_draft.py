@@ -44,11 +44,13 @@ except ImportError:  # pragma: no cover
 EXACT_TOL = 1e-6
 
 
-def _teacher(vocab: int, seed: int = 0, scale: float = 8.0) -> sj.Transformer:
+def _teacher(vocab: int, seed: int = 0, scale: float = 8.0, num_layers: int = 3,
+             max_positions: int = 64) -> sj.Transformer:
   """A tiny random tied Llama whose embedding is scaled up, so that its tied head gives peaked
   next-token laws (std-0.02 weights give near-uniform ones, with nothing to distil)."""
-  config = sj.ModelConfig(vocab_size=vocab, hidden_size=32, num_layers=3, num_heads=4,
-                          num_kv_heads=2, intermediate_size=64, max_position_embeddings=64,
+  config = sj.ModelConfig(vocab_size=vocab, hidden_size=32, num_layers=num_layers, num_heads=4,
+                          num_kv_heads=2, intermediate_size=64,
+                          max_position_embeddings=max_positions,
                           tie_word_embeddings=True, eos_token_id=0, bos_token_id=0)
   model = sj.init_model(config, jax.random.key(seed))
   model.embed[...] = model.embed[...] * scale
@@ -250,8 +252,12 @@ class ReducedVocabLawTest(absltest.TestCase):
     self.assertLess(out.stats.acceptance_rate, 1.0)
 
 
-class PipelineTest(absltest.TestCase):
-  """train.run with a teacher checkpoint, and ensure_smollm2_draft's cache, on tiny models."""
+class TeacherDirTest(absltest.TestCase):
+  """A tiny ``_teacher`` (``teacher_layers``, ``teacher_positions``) exported with the shared BPE
+  tokenizer to ``cls.teacher_dir`` (in a temporary directory ``cls.tmp``) for the class's tests."""
+
+  teacher_layers = 3
+  teacher_positions = 64
 
   @classmethod
   def setUpClass(cls):
@@ -259,12 +265,18 @@ class PipelineTest(absltest.TestCase):
     cls.tmp = pathlib.Path(tempfile.mkdtemp())
     s = _Shared.get()
     cls.teacher_dir = cls.tmp / "teacher"
-    training.export_model(_teacher(len(s.tokenizer)), s.tokenizer, cls.teacher_dir)
+    teacher = _teacher(len(s.tokenizer), num_layers=cls.teacher_layers,
+                       max_positions=cls.teacher_positions)
+    training.export_model(teacher, s.tokenizer, cls.teacher_dir)
 
   @classmethod
   def tearDownClass(cls):
     shutil.rmtree(cls.tmp, ignore_errors=True)
     super().tearDownClass()
+
+
+class PipelineTest(TeacherDirTest):
+  """train.run with a teacher checkpoint, and ensure_smollm2_draft's cache, on tiny models."""
 
   def config(self):
     c = tiny_config()

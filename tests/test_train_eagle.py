@@ -54,8 +54,9 @@ def new_head(kind: str, seed: int = 1, scale: float = 1.0):
   tokens, mask = rows()[1:]
   ids = et.draft_vocabulary(tokens, mask, DRAFT_VOCAB, CONFIG.vocab_size) if kind == "eagle3" \
       else None
-  head = et.init_eagle_head(random_transformer(CONFIG, 0), kind, ids, key=seed)
-  if scale != 1.0:  # visibly input-dependent drafts for the equivalence checks
+  head = et.init_eagle_head(random_transformer(CONFIG, 0), kind, ids, key=seed,
+                            from_target=scale == 1.0)
+  if scale != 1.0:  # random weights, scaled: drafts visibly input-dependent (equivalence checks)
     state = nnx.state(head, nnx.Param)
     nnx.update(head, jax.tree.map(lambda x: x * scale if x.ndim == 2 else x, state))
   return head
@@ -134,7 +135,7 @@ class TrainTest(parameterized.TestCase):
     self.assertLess(last["loss"], 0.9 * first["loss"])  # the CE has the target's entropy as floor
     self.assertGreater(last["acc"][0], first["acc"][0] + 0.2)
     after = report["acceptance"]
-    self.assertGreater(after["acceptance_rate"], before["acceptance_rate"] + 0.2)
+    self.assertGreater(after["acceptance_rate"], before["acceptance_rate"] + 0.1)
     self.assertGreater(after["per_position"][0], before["per_position"][0])
     self.assertLen(report["agreement"], 3)
     self.assertGreater(report["agreement"][0], 0.5)
@@ -186,6 +187,13 @@ class DataTest(absltest.TestCase):
     np.testing.assert_array_equal(et.draft_vocabulary(tokens, mask, 4, 16), [1, 2, 3, 9])
     np.testing.assert_array_equal(et.draft_vocabulary(tokens, None, 2, 16), [1, 9])
 
+  def test_batches_are_seeded_and_follow_the_weights(self):
+    p = np.array([0, 0, 1, 1, 1, 1, 0, 0, 0, 0]) / 4
+    rows = et._rows(0, 3, 10, 4, p)
+    np.testing.assert_array_equal(rows, [2, 3, 4, 5])
+    np.testing.assert_array_equal(et._rows(5, 7, 10, 4), et._rows(5, 7, 10, 4))
+    self.assertLen(set(et._rows(5, 7, 10, 4)), 4)
+
   def test_features_are_cached_and_reused(self):
     target = random_transformer(CONFIG, 0)
     tokens = rows()[1][:5]
@@ -212,6 +220,8 @@ class ErrorsTest(absltest.TestCase):
     for kwargs, message in cases:
       with self.assertRaisesRegex(ValueError, message):
         et.train_eagle(target, new_head("eagle3"), tokens, mask, **kwargs)
+    with self.assertRaisesRegex(ValueError, "weights must be 24 non-negative numbers"):
+      et.train_eagle(target, new_head("eagle3"), tokens, mask, eval_rows=4, weights=[1.0, 2.0])
     with self.assertRaisesRegex(ValueError, "rows of 4 tokens are too short for 3 TTT step"):
       et.train_eagle(target, new_head("eagle3"), tokens[:, :4], mask[:, :4], ttt_steps=3)
     with self.assertRaisesRegex(ValueError, "draft vocabulary size 17 must be in 1..16"):

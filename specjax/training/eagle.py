@@ -27,7 +27,12 @@ repository's ``length`` = 7), step ``k`` weighted ``ttt_decay ** k`` (0.8).
 Both: AdamW (``optim.make_optimizer``: b2 0.95, clipping 0.5 and no weight decay as in the
 repository), warmup then cosine decay to a fixed step count, so every machine trains the same head;
 batch ``s`` is a pure function of ``(seed, s)``, the noise too, so a run resumed from its orbax
-checkpoint (``checkpoint.py``) ends bit-identical to an uninterrupted one.
+checkpoint (``checkpoint.py``) ends bit-identical to an uninterrupted one. Soft labels are the
+target's LM head applied to its cached normed features inside the step (no [N, L, V] label
+store); the rows are the target's own greedy text, so the token after a position is the target's
+argmax there (the draft-vocabulary mask and the agreement use it). The repository's 40 epochs
+of ShareGPT do not fit a CPU: on 2 cores a SmolLM2 EAGLE-1 step (8 rows of 160) took 0.5 s and an
+EAGLE-3 step with 3 TTT steps 1.3 s (configs/train_eagle*_smollm2.py give what a few minutes buy).
 """
 
 from __future__ import annotations
@@ -94,17 +99,32 @@ def init_eagle_head(target, kind: str = "eagle3", draft_ids=None, key: int = 0,
   """An untrained float32 head for ``target``: ``"eagle"`` (EAGLE-1/2, ``num_layers`` layers)
   or ``"eagle3"`` (``draft_ids``: its draft vocabulary, ``draft_vocabulary``; None: all).
 
-  ``from_target`` (EAGLE-3): its ``lm_head`` starts as the target's LM head columns of the draft
-  ids and its ``norm`` as the target's final norm, so that its output space starts as the
-  target's residual stream, which the fused features already live in. Our choice for short CPU
-  runs (the repository starts both at random); the head's layer is random either way."""
+  ``from_target``: the head starts as a pass-through of the target's top feature, its
+  attention and MLP outputs (``o``, ``down``) zero and ``fc`` an identity on that feature (EAGLE-1:
+  the normed feature at t; EAGLE-3: the highest fused layer), and EAGLE-3's ``lm_head`` and
+  ``norm`` as the target's LM head columns of the draft ids and final norm. Its first guess is
+  then the target's own next-token law at t (a logit lens, one token behind), in the target's
+  geometry, rather than noise through a random 8192-row head learned from a few thousand
+  tokens. Our choice for short CPU runs (the repository starts at random; held-out top-1 agreement
+  after 100 SmolLM2 steps: 0.257 against 0.23 with the target's head alone); the layers' other
+  weights are random either way."""
   config = dataclasses.replace(target.config, dtype="float32")
   if kind == "eagle":
-    return init_head(config, key, num_layers)
-  if kind != "eagle3":
+    head = init_head(config, key, num_layers)
+    layers = list(head.layers)
+  elif kind == "eagle3":
+    head = init_head3(config, key, draft_ids)
+    layers = [head.midlayer]
+  else:
     raise ValueError(f"head kind must be 'eagle' or 'eagle3', got {kind!r}")
-  head = init_head3(config, key, draft_ids)
-  if from_target:
+  if not from_target:
+    return head
+  e = config.hidden_size
+  for layer in layers:
+    for dense in (layer.attn.o, layer.mlp.down):
+      dense.kernel[...] = jnp.zeros_like(dense.kernel[...])
+  head.fc.kernel[...] = jnp.zeros_like(head.fc.kernel[...]).at[-e:].set(jnp.eye(e))
+  if kind == "eagle3":
     w = target.embed[...].T if target.lm_head is None else target.lm_head[...]
     head.lm_head[...] = jnp.take(w, head.draft_ids[...], axis=1).astype(jnp.float32)
     head.norm.scale[...] = target.final_norm.scale[...].astype(jnp.float32)
@@ -182,10 +202,11 @@ def _consts(target, head, loss_ids=None) -> dict:
   return consts
 
 
-def _rows(seed: int, step: int, n: int, batch_size: int) -> np.ndarray:
-  """The rows of batch ``step``: a pure function of ``(seed, step)``."""
-  return np.sort(np.random.default_rng([seed, step]).choice(n, batch_size,
-                                                               replace=batch_size > n))
+def _rows(seed: int, step: int, n: int, batch_size: int, p=None) -> np.ndarray:
+  """The rows of batch ``step`` (distinct when there are enough; ``p``: sampling weights): a
+  pure function of ``(seed, step)``."""
+  rng = np.random.default_rng([seed, step])
+  return np.sort(rng.choice(n, batch_size, replace=batch_size > n, p=p))
 
 
 def _check(cfg, tokens, mask, eval_rows: int, eagle3: bool) -> tuple[int, int]:
@@ -207,7 +228,8 @@ def _check(cfg, tokens, mask, eval_rows: int, eagle3: bool) -> tuple[int, int]:
 
 def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None, *,
                 eval_rows: int = 0, eval_prompts=None, eval_gamma: int = 4,
-                eval_new_tokens: int = 64, eos_token_id=None, feature_dtype: str | None = None,
+                eval_new_tokens: int = 64, eos_token_id=None, weights=None,
+                feature_dtype: str | None = None,
                 checkpoint_dir: str | os.PathLike | None = None,
                 cache_dir: str | os.PathLike | None = None, name: str = "eagle", **hparams):
   """Trains ``head`` (``EagleHead``: EAGLE-1's loss; ``Eagle3Head``: training-time test) on the
@@ -217,23 +239,32 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
   The last ``eval_rows`` rows are held out: the report's ``agreement`` is the head's top-1
   agreement with the target per TTT step on them (``ttt_agreement``). ``eval_prompts`` (token
   lists): ``acceptance``, greedy ``sj.Eagle(head, eval_gamma)`` on them (``eagle_acceptance``).
-  ``hparams``: ``eagle_defaults`` fields. ``feature_dtype``: the target's dtype for the feature
-  pass (``extract_features``, cached under ``cache_dir``). With ``checkpoint_dir`` the run saves
-  there every ``ckpt_every`` steps and resumes from the latest checkpoint.
+  ``weights``: the training rows' sampling weights (e.g. to make the target's answers a set
+  share of the batches beside plain-text rows; default uniform). ``hparams``: ``eagle_defaults``
+  fields. ``feature_dtype``: the target's dtype for the feature pass (``extract_features``,
+  cached under ``cache_dir``). With ``checkpoint_dir`` the run saves there every ``ckpt_every``
+  steps and resumes from the latest checkpoint.
   """
   cfg = eagle_defaults(**hparams)
   tokens = np.asarray(tokens, np.int32)
   mask = np.ones(tokens.shape, bool) if mask is None else np.asarray(mask, bool)
   eagle3 = isinstance(head, Eagle3Head)
   steps, k = _check(cfg, tokens, mask, eval_rows, eagle3)
+  n_train = len(tokens) - eval_rows
+  p = None
+  if weights is not None:
+    w = np.asarray(weights, np.float64)
+    if w.shape != (n_train,) or np.any(w < 0) or not w.sum() > 0:
+      raise ValueError(f"weights must be {n_train} non-negative numbers (one per training row) "
+                       f"with a positive sum, got shape {w.shape}")
+    p = w / w.sum()
   report = {"kind": "eagle3" if eagle3 else "eagle", "rows": int(len(tokens)),
-            "seq_len": int(tokens.shape[1]), "answer_tokens": int(mask[:len(mask) - eval_rows].sum()),
+            "seq_len": int(tokens.shape[1]), "loss_tokens": int(mask[:n_train].sum()),
             "seconds": {}}
   t0 = time.time()
   layers, inputs, normed = feature_layers_of(head, target.config)
   feats = extract_features(target, tokens, layers, dtype=feature_dtype, cache_dir=cache_dir)
   report["seconds"]["features"] = time.time() - t0
-  n_train = len(tokens) - eval_rows
   data = {"tokens": tokens, "mask": mask, "features": feats}
   spec = Spec(eagle3, inputs, normed, k, float(cfg.ttt_decay), float(cfg.p_weight),
                float(cfg.v_weight), 0.0 if eagle3 else float(cfg.noise),
@@ -253,14 +284,14 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
     start, params, opt_state, prior = restore_checkpoint(mngr, params, opt_state)
     log(f"{name}: resumed from checkpoint at step {start}")
   log(f"{name}: {sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M params, "
-      f"{report['answer_tokens']:,} answer tokens in {n_train} rows of {tokens.shape[1]}, "
+      f"{report['loss_tokens']:,} loss tokens in {n_train} rows of {tokens.shape[1]}, "
       f"steps {start}->{steps}, batch {cfg.batch_size}, {k} TTT step(s)")
   t1, history, pending = time.time(), [], []
   progress = bar(steps, start, name)
   base_key = jax.random.key(int(cfg.seed))
   stop = steps if not cfg.max_steps_per_run else min(steps, start + int(cfg.max_steps_per_run))
   for step in range(start, stop):
-    rows = _rows(int(cfg.seed), step, n_train, int(cfg.batch_size))
+    rows = _rows(int(cfg.seed), step, n_train, int(cfg.batch_size), p)
     batch = {key: jnp.asarray(v[rows]) for key, v in data.items()}
     params, opt_state, metrics = step_fn(graphdef, params, rest, opt_state, batch,
                                          jnp.float32(learning_rate(cfg, step)), consts,

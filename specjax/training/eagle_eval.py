@@ -53,15 +53,18 @@ def ttt_agreement(head, graph, data: dict, consts: dict, spec: Spec, steps: int,
 
 def eagle_acceptance(target, head, prompts, gamma: int = 4, max_new_tokens: int = 64,
                      eos_token_id=None) -> dict:
-  """Greedy ``sj.Eagle(head, gamma)`` on ``prompts`` (one batch): acceptance per draft
-  position (accepted / proposed), the overall acceptance rate and mean accepted drafts per
-  iteration."""
+  """Greedy ``sj.Eagle(head, gamma)`` on ``prompts`` (one batch): ``per_position``, draft
+  position i's acceptance (``stats.accepted_per_position / proposed_per_position``: the chance
+  that the first i + 1 drafts all pass), ``conditional`` (position i's given position i - 1's:
+  the EAGLE papers' n-alpha), the overall acceptance rate and tokens per target call."""
   from specjax.decoding.generate import generate
   from specjax.decoding.methods import Eagle
 
   out = generate(target, [list(p) for p in prompts], Eagle(head, gamma=gamma),
                  max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
   s = out.stats
-  return {"gamma": gamma, "per_position": [float(a) for a in s.acceptance_by_position],
+  per = [float(a) for a in s.acceptance_by_position]
+  cond = [a / b if b > 0 else float("nan") for a, b in zip(per, [1.0] + per[:-1])]
+  return {"gamma": gamma, "per_position": per, "conditional": cond,
           "acceptance_rate": float(s.acceptance_rate),
           "tokens_per_call": float(s.tokens_per_target_call)}

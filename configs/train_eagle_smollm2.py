@@ -1,0 +1,40 @@
+r"""An EAGLE-1 head for SmolLM2-135M-Instruct (Li et al. 2024, arXiv 2401.15077), trained on its
+own answers; ``experiments/smollm2_eagle.py`` builds it on first use
+(``ensure_smollm2_head("eagle")``), or by hand (outputs in runs/train_eagle_smollm2/):
+
+  python -m experiments.train --config=configs/train_eagle_smollm2.py
+
+Target: ``sj.load_model("smollm2-135m")``. Head: ``fc`` over [embedding of token t + 1 ; SmolLM2's
+final-norm feature at t] and one decoder layer, predicting the feature at t + 1, drafting through
+SmolLM2's own LM head; it starts as a pass-through of the feature (``init_eagle_head``). Loss
+(``specjax.training.eagle``): smooth-L1 on the feature + 0.1 x CE against SmolLM2's soft labels,
+uniform noise of width 0.2 on the input features; the CE over the 8192 ids most frequent in the
+answers (``loss_vocab``: all 49152 made the step ~3x dearer; drafting still uses every id).
+
+Data (``experiments/eagle_phase.py``'s defaults): SmolLM2's greedy answers (96 tokens) to 96
+instructions and 32 stdlib code windows, ~11.6k answer tokens, plus 384 rows of reference chats and
+stdlib source (61k tokens), sampled half and half, in rows of 160 tokens; 8 answer rows held out.
+
+Budget: a fixed 550 steps of 8 rows. On the quiet 2-core box: load 4-11 s, answers 59-67 s,
+features 77 s, training 280 s (0.5 s a step), ~7.3 minutes in all (a first use skips the
+acceptance check, ~75 s). Held-out top-1 agreement per chained step 0.47 0.31 0.29 0.30; greedy
+acceptance per draft position at gamma 4 (P(the first i drafts all pass)): CHAT 0.32 0.09 0.02
+0.01, PYTHON 0.43 0.15 0.04 0.02, CODE_EDIT 0.48 0.17 0.10 0.02 (the distilled draft,
+configs/train_smollm2_draft.py: 0.515 on CODE_EDIT at gamma 1). Peak lr 4e-3 did no better
+(0.31 / 0.42 / 0.44); 176 prompts instead of 128 neither (0.34 / 0.45 / 0.45, 19 s more).
+"""
+
+from experiments.eagle_phase import base_config
+from specjax.training.eagle import eagle_defaults
+
+
+def get_config(arg=None):
+  del arg
+  c = base_config()
+  c.out_dir = "runs/train_eagle_smollm2"
+  c.eagle.kind = "eagle"
+  c.eagle.num_layers = 1
+  c.eagle.train = eagle_defaults(
+      steps=550, batch_size=8, lr=2e-3, warmup_steps=20, loss_vocab=8192,
+      compute_dtype="bfloat16", ckpt_every=50, log_every=25, seed=0)
+  return c

