@@ -17,7 +17,8 @@ stdlib source (61k tokens), sampled half and half, in rows of 160 tokens; 8 answ
 
 Budget: a fixed 550 steps of 8 rows. On the quiet 2-core box: load 4-11 s, answers 59-67 s,
 features 77 s, training 280 s (0.5 s a step), ~7.3 minutes in all (a first use skips the
-acceptance check, ~75 s). Held-out top-1 agreement per chained step 0.47 0.31 0.29 0.30; greedy
+acceptance check, ~75 s); 13.2 minutes when another job kept both cores busy (answers 95 s,
+features 145 s, training 523 s), ending with the same head bit for bit. Held-out top-1 agreement per chained step 0.47 0.31 0.29 0.30; greedy
 acceptance per draft position at gamma 4 (P(the first i drafts all pass)): CHAT 0.32 0.09 0.02
 0.01, PYTHON 0.43 0.15 0.04 0.02, CODE_EDIT 0.48 0.17 0.10 0.02 (the distilled draft,
 configs/train_smollm2_draft.py: 0.515 on CODE_EDIT at gamma 1). Peak lr 4e-3 did no better

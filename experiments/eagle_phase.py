@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import tempfile
 import time
 
 import numpy as np
@@ -162,6 +163,8 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
                            target.config.vocab_size)
   head = init_eagle_head(target, kind, ids, key=int(e.train.seed), num_layers=int(e.num_layers),
                          from_target=bool(e.init_from_target))
+  with tempfile.TemporaryDirectory() as scratch:  # a layout save_head refuses fails now, not
+    sj.save_head(head, scratch)                   # after minutes of training
   n_text, n_answers = data["text_rows"], len(tokens) - n_eval - data["text_rows"]
   share = float(e.answer_share) if n_text else 1.0
   weights = np.concatenate([np.full(n_text, (1.0 - share) / max(n_text, 1)),

@@ -18,7 +18,10 @@ Both heads (``EagleHead``'s ``fc`` + decoder layers, ``Eagle3Head``'s midlayer o
 ``[norm(embedding) ; norm(hidden)]``) run here with their own parameters and norms; only the
 attention is written out (``_attend``), the matmuls in ``compute_dtype`` with float32
 accumulation (``forward.mm``: bfloat16 operands use the CPU's fast kernels, and the gradient keeps
-that form).
+that form). ``Spec``, ``step_inputs``, ``step_mask`` and ``predicted`` lay a batch of rows out
+for the steps (the loss in ``eagle``, the agreement in ``eagle_eval``): row token ``t + k + 2``
+is what step ``k`` predicts at position ``t``, with the target's normed feature at ``t + k + 1``
+as its soft label.
 """
 
 from __future__ import annotations
