@@ -26,9 +26,8 @@ position at gamma 4 (P(the first i drafts all pass)), CHAT 0.28 0.08 0.03 0.00, 
 train_eagle_smollm2.py) drafts better: an EAGLE-3 step trains ~3 predictions a position through a
 wider layer and its own 8192-row head, 2.4x an EAGLE-1 step's time.
 
-The head is written with ``sj.save_head``; until it writes EAGLE-3 heads (the layout work is on
-another branch) the build stops at its start with that function's error (the numbers above were
-measured with the head saved as an npz instead).
+The head is written with ``sj.save_head`` in the EAGLE repository's EAGLE-3 layout (the numbers
+above were measured before that layout landed, with the head saved as an npz).
 """
 
 from experiments.eagle_phase import base_config
