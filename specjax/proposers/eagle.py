@@ -74,12 +74,11 @@ def prefill(models: Models, prompt: jax.Array, prompt_lengths: jax.Array, cache_
   pending token's pair waits with ``f_{length - 1}``. features: [B, P, F, E] (the head's
   ``target_features``); waiting pairs keep them raw, ``from_target`` runs when they are fed."""
   batch, width = prompt.shape
-  feats = features
   cache = init_cache(models.head.config, batch, cache_length)
   if width > 1:
-    _, cache = models.step(prompt[:, 1:], models.head.from_target(feats[:, :-1]), cache)
-  last = feats[jnp.arange(batch), prompt_lengths - 1]  # [B, F, E]
-  waiting = jnp.zeros((batch, depth + 1) + last.shape[1:], feats.dtype).at[:, 0].set(last)
+    _, cache = models.step(prompt[:, 1:], models.head.from_target(features[:, :-1]), cache)
+  last = features[jnp.arange(batch), prompt_lengths - 1]  # [B, F, E]
+  waiting = jnp.zeros((batch, depth + 1) + last.shape[1:], features.dtype).at[:, 0].set(last)
   return EagleState(cache=cache.with_lengths(prompt_lengths - 1),
                     tokens=jnp.zeros((batch, depth + 1), jnp.int32), features=waiting,
                     count=jnp.ones((batch,), jnp.int32))
