@@ -17,6 +17,7 @@ _EXPORTS = {
     "Lookahead": "specjax.decoding.methods", "PromptLookup": "specjax.decoding.methods",
     "SelfSpeculative": "specjax.decoding.methods", "SpecTr": "specjax.decoding.methods",
     "Speculative": "specjax.decoding.methods", "TreeSpeculative": "specjax.decoding.methods",
+    "CostTable": "specjax.costs",
     "GenerateOutput": "specjax.decoding.generate", "compile_generate": "specjax.decoding.generate",
     "generate": "specjax.decoding.generate",
     "DecodeStats": "specjax.decoding.stats",
@@ -52,6 +53,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, eagerly
   from specjax import sharding, training
+  from specjax.costs import CostTable
   from specjax.decoding.generate import GenerateOutput, compile_generate, generate
   from specjax.decoding.methods import (Autoregressive, Eagle, Jacobi, Lookahead, PromptLookup,
                                         SelfSpeculative, SpecTr, Speculative, TreeSpeculative)
