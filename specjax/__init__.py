@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 # Public name -> the module that defines it (a module name alone: the name is that submodule).
 _EXPORTS = {
-    "Autoregressive": "specjax.decoding.methods", "Eagle": "specjax.decoding.methods",
+    "Adaptive": "specjax.decoding.methods", "Autoregressive": "specjax.decoding.methods",
+    "Eagle": "specjax.decoding.methods",
     "Jacobi": "specjax.decoding.methods",
     "Lookahead": "specjax.decoding.methods", "PromptLookup": "specjax.decoding.methods",
     "SelfSpeculative": "specjax.decoding.methods", "SpecTr": "specjax.decoding.methods",
@@ -55,7 +56,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, eagerly
   from specjax import sharding, training
   from specjax.costs import CostTable
   from specjax.decoding.generate import GenerateOutput, compile_generate, generate
-  from specjax.decoding.methods import (Autoregressive, Eagle, Jacobi, Lookahead, PromptLookup,
+  from specjax.decoding.methods import (Adaptive, Autoregressive, Eagle, Jacobi, Lookahead,
+                                        PromptLookup,
                                         SelfSpeculative, SpecTr, Speculative, TreeSpeculative)
   from specjax.decoding.stats import DecodeStats
   from specjax.heads.layout import load_head, save_head

@@ -208,7 +208,7 @@ class LawCheck:
 def check_law(target: sj.Transformer, method, sampling: sj.Sampling,
               prompts: Sequence[Sequence[int]], n_tokens: int, seed: int,
               exact_law: Callable = tabular_law, rows_per_prompt: int | None = None,
-              eos_token_id=None) -> LawCheck:
+              eos_token_id=None, rowwise: bool = False) -> LawCheck:
   """Runs ``method`` through ``sj.generate`` and tests the law of the first ``n_tokens`` tokens.
 
   Args:
@@ -221,6 +221,9 @@ def check_law(target: sj.Transformer, method, sampling: sj.Sampling,
     exact_law: ``(target, prompt, n_tokens, sampling) -> float64[V] * n``.
     rows_per_prompt: defaults to ``required_rows`` (the power computation above); a smaller
       value is refused.
+    rowwise: run every row as its own batch of one (``generate_rowwise``) instead of one batch:
+      a method whose choices are made per batch (``sj.Adaptive``) then chooses per row, so the
+      choices vary with each row's own past.
   """
   if sampling.is_greedy:
     raise ValueError("check_law tests a sampling method; greedy runs are tested token for token")
@@ -235,8 +238,11 @@ def check_law(target: sj.Transformer, method, sampling: sj.Sampling,
     raise ValueError(f"rows_per_prompt {rows} < {needed} rows needed for power {POWER} at total "
                      f"variation {TV_DETECT}")
   batch = [list(prompts[b % len(prompts)]) for b in range(rows * len(prompts))]
-  out = sj.generate(target, batch, method=method, sampling=sampling, max_new_tokens=n_tokens,
-                    key=jax.random.key(seed), eos_token_id=eos_token_id)
+  if rowwise and len(prompts) != 1:
+    raise ValueError(f"rowwise runs one prompt, got {len(prompts)}")
+  run = generate_rowwise if rowwise else sj.generate
+  out = run(target, batch, method=method, sampling=sampling, max_new_tokens=n_tokens,
+            key=jax.random.key(seed), eos_token_id=eos_token_id)
   tokens = np.asarray(out.tokens)
   per_prompt, pvalues = [], {}
   for i, prompt in enumerate(prompts):
@@ -247,6 +253,28 @@ def check_law(target: sj.Transformer, method, sampling: sj.Sampling,
       pvalues[(i, positions)] = p
   return LawCheck(pvalue=combined_pvalue(list(pvalues.values())), pvalues=pvalues, out=out,
                   tokens=per_prompt)
+
+
+def generate_rowwise(target, prompts, method, sampling, max_new_tokens, key, eos_token_id=None):
+  """``sj.generate``'s output for ``prompts`` (of one length) run as independent batches of one
+  row, the loop vmapped over the rows' keys (row i: ``fold_in(key, i)``). Under ``vmap`` the
+  loop's ``lax.switch`` runs every branch and keeps each row's own: the same law per row as a
+  batch-of-one run. Outputs and stats lead with the row axis."""
+  from specjax.decoding import generate as generate_lib, loop
+
+  args, kwargs = generate_lib._loop_arguments(  # pylint: disable=protected-access
+      target, prompts[:1], method, sampling, max_new_tokens, key, eos_token_id, None, None,
+      None, "rules")
+  graphdef, state, proposer, params, prompt, lengths, _ = args
+  keys = jax.vmap(jax.random.fold_in, (None, 0))(key, np.arange(len(prompts)))
+
+  @jax.jit
+  def run(keys):
+    return jax.vmap(lambda k: loop.decode(graphdef, state, proposer, params, prompt, lengths, k,
+                                          **kwargs))(keys)
+
+  tokens, out_lengths, stats = run(keys)
+  return sj.GenerateOutput(tokens=tokens[:, 0], lengths=out_lengths[:, 0], stats=stats)
 
 
 def self_draft_pvalue(out: sj.GenerateOutput) -> float:

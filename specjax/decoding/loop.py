@@ -10,6 +10,7 @@ therefore depend only on its prompt, its index in the batch and the key, never o
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.struct
@@ -142,6 +143,13 @@ def committed_lengths(length: jax.Array, num_accepted: jax.Array, active: jax.Ar
   return jnp.where(active, length + num_accepted + 1, length)
 
 
+def run_choice(index: jax.Array, branches, state: LoopState) -> LoopState:
+  """Runs ``branches[index](state)``: one compiled branch per menu entry, each with its own
+  static pass shape (``lax.switch``). Chosen before the branch runs, from the proposer's state
+  alone (``Adaptive``): nothing of the iteration's own verdict can reach the choice."""
+  return jax.lax.switch(index, branches, state)
+
+
 def decode(target_graphdef, target_state, proposer, proposer_params, prompt, prompt_lengths, key,
            *, sampling: sampling_lib.Sampling, max_new_tokens: int, eos_ids: tuple[int, ...],
            cache_length: int, placement=None):
@@ -182,7 +190,8 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
   first = _draw_one(_step_keys(row_keys, 0, 1)[:, 0], logits[rows, prompt_lengths - 1], sampling)
   extra = {} if hidden is None else {"features": hidden}
   proposer_state = proposer.prefill(proposer_params, prompt, prompt_lengths, cache_length, **extra)
-  stats = DecodeStats.zeros(batch, depth).replace(
+  menu = base.menu(proposer)
+  stats = DecodeStats.zeros(batch, depth, 0 if menu is None else len(menu)).replace(
       target_calls=jnp.int32(1), row_target_calls=jnp.ones((batch,), jnp.int32),
       draft_calls=jnp.int32(proposer.prefill_draft_calls))
   state = LoopState(target_cache=cache, proposer=proposer_state, pending=first,
@@ -192,11 +201,13 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
                                max_new_tokens)
   state = state.replace(out=out, done=done, stats=stats.replace(generated=generated))
 
-  def body(state: LoopState) -> LoopState:
-    keys = _step_keys(row_keys, state.step, num + 1)
+  def iteration(index: int, variant, keys: jax.Array, state: LoopState) -> LoopState:
+    """One propose -> verify -> commit step of ``variant`` (the proposer itself, or the menu
+    entry ``index`` of an adaptive one); ``keys``: key[B, 1 + variant.num_candidates]."""
+    num, vdepth = variant.num_candidates, variant.depth
     active = ~state.done
-    candidates, proposer_state = proposer.propose(proposer_params, state.proposer, state.pending,
-                                                  keys[:, 1:], sampling)
+    candidates, proposer_state = variant.propose(proposer_params, state.proposer, state.pending,
+                                                 keys[:, 1:], sampling)
     drafts = candidates.tokens
     tree = candidates.structure
     # One pass over [pending, candidates, extras] (extras: scored, never accepted; ScoredExtra).
@@ -209,7 +220,7 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
     verified = logits if candidates.extra is None else logits[:, :num + 1]
     verdict = _verify(keys[:, 0], verified, candidates, sampling)
     path, n, nxt = verdict.path, verdict.num_accepted, verdict.next_token
-    j = jnp.arange(depth + 1)[None, :]
+    j = jnp.arange(vdepth + 1)[None, :]
     on_path = jnp.take_along_axis(drafts, jnp.maximum(path, 0), axis=1)  # [B, D]
     on_path = jnp.concatenate([on_path, jnp.zeros((batch, 1), jnp.int32)], axis=1)
     emitted = jnp.where(j < n[:, None], on_path, jnp.where(j == n[:, None], nxt[:, None], -1))
@@ -219,31 +230,44 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
     if tree is not None:  # the accepted path's entries move next to the pending token's
       cache = compact_path(cache, path)
     cache = pin(cache.with_lengths(committed_lengths(length, n, active)))
-    proposer_state = proposer.commit(
+    proposer_state = variant.commit(
         proposer_params, proposer_state, candidates,
         Outcome(target_length=length, path=path, num_accepted=n, next_token=nxt, active=active,
-                logits=logits, features=hidden))
+                logits=logits, features=hidden, accept_prob=verdict.accept_prob))
     s = state.stats
-    pos = jnp.arange(depth)[None, :]
+    pos = jnp.arange(depth)[None, :]  # the loop's positions: a menu entry may use fewer
     accepted = (pos < n[:, None]) & active[:, None]
     stats = s.replace(
         target_calls=s.target_calls + 1, generated=generated,
         row_target_calls=s.row_target_calls + active,
-        draft_calls=s.draft_calls + proposer.draft_calls_per_iteration,
+        draft_calls=s.draft_calls + variant.draft_calls_per_iteration,
         proposed=s.proposed + num * active,
         accepted=s.accepted + jnp.where(active, n, 0),
-        proposed_per_position=s.proposed_per_position + active.sum(),
+        proposed_per_position=s.proposed_per_position + active.sum() * (pos[0] < vdepth),
         accepted_per_position=s.accepted_per_position + accepted.sum(0),
         accepted_length_counts=s.accepted_length_counts + jnp.sum(
-            (n[:, None] == jnp.arange(depth + 1)[None, :]) & active[:, None], axis=0))
-    if verdict.accept_prob is not None:  # Leviathan's alpha: chains only
-      verified = (pos <= n[:, None]) & active[:, None]  # positions whose test actually ran
+            (n[:, None] == jnp.arange(depth + 1)[None, :]) & active[:, None], axis=0),
+        choice_counts=s.choice_counts + (jnp.arange(s.choice_counts.size) == index))
+    if verdict.accept_prob is not None and num:  # Leviathan's alpha: chains only
+      verified = (pos[:, :num] <= n[:, None]) & active[:, None]  # positions whose test ran
       stats = stats.replace(
           alpha_sum=s.alpha_sum + jnp.sum(jnp.where(verified, verdict.accept_prob, 0.0)),
           alpha_count=s.alpha_count + verified.sum())
     return LoopState(target_cache=cache, proposer=proposer_state,
                      pending=jnp.where(active, nxt, state.pending), out=out, done=done,
                      step=state.step + 1, stats=stats)
+
+  if menu is None:
+    def body(state: LoopState) -> LoopState:
+      return iteration(0, proposer, _step_keys(row_keys, state.step, num + 1), state)
+  else:
+    def body(state: LoopState) -> LoopState:
+      keys = _step_keys(row_keys, state.step, num + 1)  # num: the largest entry's
+      index, proposer_state = proposer.choose(proposer_params, state.proposer, state.pending,
+                                              keys[:, 1:], sampling, ~state.done)
+      return run_choice(index, [
+          functools.partial(iteration, i, variant, keys[:, :1 + variant.num_candidates])
+          for i, variant in enumerate(menu)], state.replace(proposer=proposer_state))
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   result = state.out[:, :max_new_tokens], state.stats.generated, state.stats

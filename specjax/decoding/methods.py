@@ -16,6 +16,7 @@ The protocol a method follows (so that ``sj.generate`` has no method-specific co
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from flax import nnx
 
@@ -24,6 +25,8 @@ from specjax.heads.eagle3 import Eagle3Head
 from specjax.heads.layout import check_head
 from specjax.models.transformer import (Transformer, check_context, check_model, check_skip,
                                         skip_layers)
+from specjax.proposers import adaptive as adaptive_lib
+from specjax.proposers.adaptive import AdaptiveProposer
 from specjax.proposers.base import NoProposer
 from specjax.proposers.draft_chain import DraftChain
 from specjax.proposers.draft_tree import CHILDREN, DraftTree
@@ -376,6 +379,76 @@ class Eagle:
     return proposer, (head_state, target_state)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Adaptive:
+  """Speculate only as much as pays: ``method`` (a chain method: ``Speculative``,
+  ``SelfSpeculative``, ``PromptLookup`` or ``Jacobi``) run with a draft length chosen before each
+  iteration from the menu ``choices`` (0: plain decoding), all entries compiled into the one
+  loop (``lax.switch`` over their pass shapes; ``specjax.proposers.adaptive``).
+
+  ``rule``: ``"cost"`` (default) picks the entry with the most modelled tokens per unit of
+  ``costs`` (an ``sj.CostTable`` measured on the device, batch and context the run uses), from
+  per-row running estimates of the acceptance at each position (EMA weight ``decay``, start and
+  drift target ``prior``, drift rate ``forget`` for positions not observed); ``"schedule"`` is
+  Hugging Face's +2/-1 heuristic; ``"confidence"`` stops the draft when its own probability of
+  its guess falls below ``threshold`` (HF's 0.4; draft models only). The choice depends only on
+  past iterations and the draft's own proposals, so every rule is lossless (``sj.Sampling``'s
+  law, greedy tokens at T = 0).
+  """
+
+  method: Any
+  choices: tuple[int, ...] = (0, 1, 2, 3, 4, 6)
+  costs: Any = None
+  rule: str = "cost"
+  decay: float = 0.3
+  prior: float = 0.6
+  forget: float = 0.05
+  threshold: float = 0.4
+  name = "adaptive"
+
+  def __post_init__(self):
+    if type(self.method) not in ADAPTIVE_LENGTH:
+      names = ", ".join(sorted(m.__name__ for m in ADAPTIVE_LENGTH))
+      raise ValueError(f"sj.Adaptive wraps a chain method ({names}), got "
+                       f"{type(self.method).__name__}")
+    object.__setattr__(self, "choices", adaptive_lib.check_menu(self.choices, self.rule))
+    adaptive_lib.check_settings(self.decay, self.prior, self.forget, self.threshold)
+    if self.rule == "confidence" and not isinstance(self.method, (Speculative, SelfSpeculative)):
+      raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
+                       f"{type(self.method).__name__} has none")
+    adaptive_lib.menu_costs(self.costs, self.choices, self.rule)
+
+  @property
+  def gamma(self) -> int:
+    """The most drafts one iteration can accept (the largest choice)."""
+    return self.choices[-1]
+
+  def at(self, gamma: int):
+    """The wrapped method with ``gamma`` drafts per iteration."""
+    return dataclasses.replace(self.method, **{ADAPTIVE_LENGTH[type(self.method)]: gamma})
+
+  def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
+    self.at(self.gamma).validate(target, width, max_new_tokens, what)
+
+  def proposer(self, target: Transformer):
+    room = self.gamma
+
+    def build(k):
+      proposer, params = self.at(k).proposer(target)
+      return (dataclasses.replace(proposer, room=room) if isinstance(proposer, JacobiProposer)
+              else proposer), params
+
+    built = [build(k) for k in self.choices if k > 0]
+    proposers = (None,) * (self.choices[0] == 0) + tuple(p for p, _ in built)
+    shadow = None if hasattr(built[-1][0], "sync") else build(1)[0]
+    return AdaptiveProposer(
+        proposers=proposers, choices=self.choices, rule=self.rule,
+        costs=adaptive_lib.menu_costs(self.costs, self.choices, self.rule),
+        decay=float(self.decay), prior=float(self.prior), forget=float(self.forget),
+        threshold=float(self.threshold), vocab_size=target.config.vocab_size,
+        shadow=shadow), built[-1][1]
+
+
 def tree_children(tree, children: str | None, drafter: str) -> str:
   """The children rule of ``tree`` (validated): ``children``, or by default ``"sampled"`` for a
   static ``sj.Tree`` and ``"top_k"`` for an ``sj.DynamicTree`` (the only rule it has)."""
@@ -437,3 +510,8 @@ def check_draft(draft: Transformer, target: Transformer, width: int, max_new_tok
         f"draft vocabulary size {draft.config.vocab_size} differs from the target's {vocab}; "
         f"target and draft must share one tokenizer (different tokenizers are not supported yet)")
   check_context(draft, "draft", width, max_new_tokens, what)
+
+
+# The field that sets a chain method's draft length, for ``Adaptive``.
+ADAPTIVE_LENGTH = {Speculative: "gamma", SelfSpeculative: "gamma", PromptLookup: "num_tokens",
+                   Jacobi: "block"}

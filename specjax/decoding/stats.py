@@ -35,15 +35,18 @@ class DecodeStats:
   accepted_length_counts: jax.Array  # int32[G + 1] row-iterations that accepted exactly n drafts
   alpha_sum: jax.Array  # float32[] sum of beta over verified positions
   alpha_count: jax.Array  # int32[] number of verified positions
+  # int32[K] iterations that ran menu entry k of an adaptive method (``sj.Adaptive``; K = 0
+  # for a fixed method).
+  choice_counts: jax.Array
 
   @classmethod
-  def zeros(cls, batch: int, gamma: int) -> "DecodeStats":
+  def zeros(cls, batch: int, gamma: int, choices: int = 0) -> "DecodeStats":
     zi = lambda *s: jnp.zeros(s, jnp.int32)
     return cls(target_calls=zi(), draft_calls=zi(), row_target_calls=zi(batch),
                generated=zi(batch), proposed=zi(batch), accepted=zi(batch),
                accepted_per_position=zi(gamma), proposed_per_position=zi(gamma),
                accepted_length_counts=zi(gamma + 1),
-               alpha_sum=jnp.zeros((), jnp.float32), alpha_count=zi())
+               alpha_sum=jnp.zeros((), jnp.float32), alpha_count=zi(), choice_counts=zi(choices))
 
   @property
   def acceptance_rate(self) -> float:
@@ -92,4 +95,5 @@ class DecodeStats:
                 tokens_per_target_call=self.tokens_per_target_call,
                 nodes_per_call=self.nodes_per_call, expected_alpha=self.expected_alpha,
                 acceptance_by_position=[float(x) for x in self.acceptance_by_position],
-                accepted_length_counts=[int(x) for x in np.asarray(self.accepted_length_counts)])
+                accepted_length_counts=[int(x) for x in np.asarray(self.accepted_length_counts)],
+                choice_counts=[int(x) for x in np.asarray(self.choice_counts)])

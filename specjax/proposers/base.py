@@ -61,6 +61,10 @@ class Outcome:
   # [B, 1 + N + M, F, E] the target's hidden states over the same tokens at the proposer's
   # ``features`` layers (``specjax.models.transformer.feature_layers``); None when it asks for none.
   features: jax.Array | None = None
+  # float32[B, N] chains: the verifier's exact acceptance probability of each candidate given the
+  # accepted prefix (greedy: the match; sampled: sum_x min(p, q); deterministic: p(x)), valid at
+  # positions <= num_accepted; None for trees.
+  accept_prob: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -185,6 +189,14 @@ class NoProposer:
   def commit(self, params, state, candidates, outcome):
     del params, candidates, outcome
     return state
+
+
+def menu(proposer) -> tuple | None:
+  """An adaptive proposer's menu (``specjax.proposers.adaptive``): the proposers, one per static
+  pass shape, among which its ``choose(params, state, pending, keys, sampling, active) ->
+  (int32[] index, state)`` picks before each iteration; they share its state. None for a
+  proposer of one shape."""
+  return getattr(proposer, "variants", None)
 
 
 def features(proposer) -> tuple[int, ...]:

@@ -49,6 +49,20 @@ def draw(keys: jax.Array, logits: jax.Array, sampling: sampling_lib.Sampling):
   return jax.vmap(sampling_lib.sample_from_probs)(keys, q), q
 
 
+def first_step(draft: Transformer, state: DraftChainState, pending: jax.Array):
+  """(float32[B, V] the draft's logits after ``pending``, its cache holding ``pending``)."""
+  behind = state.behind
+  first = jnp.stack([jnp.where(behind, state.last_draft, pending), pending], axis=1)
+  # A row behind feeds the chain [x_gamma, pending]; any other row feeds pending twice, both at
+  # depth 0 and each seeing only itself, so for every row the second token's logits are the ones
+  # needed, and the vocabulary projection runs for that token only.
+  ones, zeros = jnp.ones_like(behind), jnp.zeros_like(behind)
+  tree_mask = jnp.stack([ones, zeros, behind, ones], axis=1).reshape(-1, 2, 2)  # [[1,0],[behind,1]]
+  depths = jnp.stack([zeros, behind], axis=1).astype(jnp.int32)
+  logits, cache = draft(first, state.cache, tree_mask, depths, logits_at=1)
+  return logits[:, 0], cache.with_lengths(cache.lengths + 1 + behind)
+
+
 def propose(draft: Transformer, state: DraftChainState, pending: jax.Array, keys: jax.Array,
             sampling: sampling_lib.Sampling, gamma: int):
   """Proposes ``gamma`` tokens after ``pending`` (the target's last emitted token).
@@ -59,18 +73,7 @@ def propose(draft: Transformer, state: DraftChainState, pending: jax.Array, keys
     (int32[B, gamma] tokens, float32[B, gamma, V] proposal distributions or None when greedy,
      the draft state after the proposal; ``commit`` must follow).
   """
-  cache = state.cache
-  behind = state.behind
-  first = jnp.stack([jnp.where(behind, state.last_draft, pending), pending], axis=1)
-  # A row behind feeds the chain [x_gamma, pending]; any other row feeds pending twice, both at
-  # depth 0 and each seeing only itself, so for every row the second token's logits are the ones
-  # needed, and the vocabulary projection runs for that token only.
-  ones, zeros = jnp.ones_like(behind), jnp.zeros_like(behind)
-  tree_mask = jnp.stack([ones, zeros, behind, ones], axis=1).reshape(-1, 2, 2)  # [[1,0],[behind,1]]
-  depths = jnp.stack([zeros, behind], axis=1).astype(jnp.int32)
-  logits, cache = draft(first, cache, tree_mask, depths, logits_at=1)
-  logits = logits[:, 0]
-  cache = cache.with_lengths(cache.lengths + 1 + behind)
+  logits, cache = first_step(draft, state, pending)
   token, q = draw(keys[:, 0], logits, sampling)
 
   def step(carry, key):
@@ -82,6 +85,72 @@ def propose(draft: Transformer, state: DraftChainState, pending: jax.Array, keys
 
   (cache, _), tokens, q = draw_rest(step, (cache, token), token, q, keys)
   return tokens, q, state.replace(cache=cache)
+
+
+def propose_confident(draft: Transformer, state: DraftChainState, pending: jax.Array,
+                      keys: jax.Array, sampling: sampling_lib.Sampling, threshold: float,
+                      active: jax.Array):
+  """Drafts like ``propose`` with room for ``G = keys.shape[1]`` tokens, but stops after the
+  first draft whose own probability (under the warped law it was drawn from; greedy: the raw
+  softmax) falls below ``threshold`` in every active row: the draft-confidence early stop of
+  Hugging Face's assisted generation (``assistant_confidence_threshold``) and of AdaEDL / SpecDec++.
+  The stop depends on the drafts alone, never on the target, so any chain it leaves is verified
+  exactly. Returns (int32[] count in 1..G, int32[B, G] tokens (0 past count), float32[B, G, V]
+  their laws (zeros past count, and all zeros when greedy), the draft state as ``propose(...,
+  gamma=count)`` leaves it)."""
+  batch, room = keys.shape[:2]
+  logits, cache = first_step(draft, state, pending)
+  vocab = logits.shape[-1]
+  tokens = jnp.zeros((batch, room), jnp.int32)
+  laws = jnp.zeros((batch, room, vocab), jnp.float32)
+
+  def put(i, logits, tokens, laws):
+    token, q = draw(keys[:, i], logits, sampling)
+    law = jax.nn.softmax(logits.astype(jnp.float32), axis=-1) if q is None else q
+    confident = jnp.take_along_axis(law, token[:, None], axis=1)[:, 0] >= threshold
+    tokens = tokens.at[:, i].set(token)
+    if q is not None:
+      laws = laws.at[:, i].set(q)
+    return token, tokens, laws, jnp.any(confident & active)
+
+  token, tokens, laws, go = put(0, logits, tokens, laws)
+
+  def cond(carry):
+    i, _, _, _, _, go = carry
+    return go & (i < room)
+
+  def body(carry):
+    i, token, cache, tokens, laws, _ = carry
+    logits, cache = draft(token[:, None], cache)
+    cache = cache.with_lengths(cache.lengths + 1)
+    token, tokens, laws, go = put(i, logits[:, 0], tokens, laws)
+    return i + 1, token, cache, tokens, laws, go
+
+  count, _, cache, tokens, laws, _ = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), token, cache, tokens, laws, go))
+  return count, tokens, laws, state.replace(cache=cache)
+
+
+def sync(draft: Transformer, state: DraftChainState, text: jax.Array, lengths: jax.Array,
+         width: int) -> DraftChainState:
+  """Feeds the draft the committed text it has not seen (``text[b, :lengths[b]]`` is the row's
+  text, the target cache's contents): after iterations that skipped the draft (an adaptive
+  method's plain-decoding choice) the draft is behind by several tokens; ``width`` of them per
+  draft pass, as many passes as the furthest-behind row needs (none when no row is). A row whose
+  only missing token is its ``last_draft`` (``behind``) is left to ``propose``."""
+  def lagging(state):
+    return state.cache.lengths + state.behind < lengths
+
+  def feed(state):
+    start = state.cache.lengths
+    cols = jnp.minimum(start[:, None] + jnp.arange(width)[None, :], text.shape[1] - 1)
+    chunk = jnp.maximum(jnp.take_along_axis(text, cols, axis=1), 0)
+    _, cache = draft(chunk, state.cache)  # slots past a row's text are scratch
+    lag = lagging(state)
+    new = jnp.where(lag, jnp.minimum(start + width, lengths), start)
+    return state.replace(cache=cache.with_lengths(new), behind=state.behind & ~lag)
+
+  return jax.lax.while_loop(lambda s: jnp.any(lagging(s)), feed, state)
 
 
 def draw_rest(step, carry, token: jax.Array, q: jax.Array | None, keys: jax.Array):
@@ -155,3 +224,12 @@ class DraftChain(GammaChain):
     del params  # a chain's path is its first num_accepted tokens
     return commit(state, candidates.tokens, outcome.target_length, outcome.num_accepted,
                   outcome.active)
+
+  def sync(self, params, state, text, lengths, width: int):
+    """Catches the draft up with the committed text (``sync``), for an adaptive method."""
+    return sync(nnx.merge(self.graphdef, params), state, text, lengths, width)
+
+  def propose_confident(self, params, state, pending, keys, sampling, threshold, active):
+    """``propose_confident`` with room for ``keys.shape[1]`` drafts."""
+    return propose_confident(nnx.merge(self.graphdef, params), state, pending, keys, sampling,
+                             threshold, active)

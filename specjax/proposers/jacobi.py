@@ -33,12 +33,12 @@ class JacobiState:
   started: jax.Array  # bool[B] a pass has filled guesses (else the pending token is repeated)
 
 
-def next_guesses(logits: jax.Array, num_accepted: jax.Array) -> jax.Array:
-  """int32[B, N]: the argmax of ``logits`` (float32[B, N + 1, V] over [pending, guesses]) at
-  positions ``num_accepted + 1 ..``, the last position repeated past the end."""
+def next_guesses(logits: jax.Array, num_accepted: jax.Array, width: int | None = None) -> jax.Array:
+  """int32[B, width] (default N): the argmax of ``logits`` (float32[B, N + 1, V] over [pending,
+  guesses]) at positions ``num_accepted + 1 ..``, the last position repeated past the end."""
   outputs = sampling_lib.greedy(logits)  # [B, N + 1]
   num = logits.shape[1] - 1
-  j = jnp.arange(num, dtype=jnp.int32)[None, :]
+  j = jnp.arange(num if width is None else width, dtype=jnp.int32)[None, :]
   return jnp.take_along_axis(outputs, jnp.minimum(num_accepted[:, None] + 1 + j, num), axis=1)
 
 
@@ -47,6 +47,11 @@ class JacobiProposer(DraftFreeChain):
   """The proposer of ``sj.Jacobi``: ``block`` guesses from the target's previous pass."""
 
   block: int
+  room: int = 0  # guesses kept (>= block; 0: block): an adaptive menu's entries share the state
+
+  @property
+  def width(self) -> int:
+    return max(self.block, self.room)
 
   @property
   def num_candidates(self) -> int:
@@ -55,16 +60,16 @@ class JacobiProposer(DraftFreeChain):
   def prefill(self, params, prompt, prompt_lengths, cache_length):
     del params, prompt_lengths, cache_length
     batch = prompt.shape[0]
-    return JacobiState(guesses=jnp.zeros((batch, self.block), jnp.int32),
+    return JacobiState(guesses=jnp.zeros((batch, self.width), jnp.int32),
                        started=jnp.zeros((batch,), bool))
 
   def propose(self, params, state: JacobiState, pending, keys, sampling):
     del params, keys, sampling  # deterministic whatever the sampling: q = None (one-hot rule)
-    tokens = jnp.where(state.started[:, None], state.guesses, pending[:, None])
+    tokens = jnp.where(state.started[:, None], state.guesses[:, :self.block], pending[:, None])
     return Candidates(tokens=tokens, q=None, kind=CHAIN), state
 
   def commit(self, params, state: JacobiState, candidates, outcome):
     del params, candidates
-    new = JacobiState(guesses=next_guesses(outcome.logits, outcome.num_accepted),
+    new = JacobiState(guesses=next_guesses(outcome.logits, outcome.num_accepted, self.width),
                       started=jnp.ones_like(state.started))
     return keep_rows(outcome.active, new, state)

@@ -1,0 +1,261 @@
+"""Adaptive speculation: a menu of draft lengths (0 = plain decoding), one chosen per iteration.
+
+``sj.Adaptive`` (``specjax.decoding.methods``) wraps a chain method; this proposer holds one
+proposer per menu entry, all sharing one state (room for the largest entry), and the loop runs
+the chosen entry's static pass shape through ``lax.switch`` (``specjax.decoding.loop``). The
+choice is made before the iteration from past iterations only (and, for the confidence rule,
+from the draft's own proposals), never from the target's verdict on the current iteration, so
+every iteration is an exact speculative step of some length and the output law is the target's.
+
+Rules (``RULES``):
+
+* ``"cost"``: the entry maximising modelled tokens per unit of measured cost for the active
+  rows, ``sum_b E_b(k) / cost(k)``, with ``E_b(k) = 1 + sum_{i<k} prod_{j<=i} a_bj`` (Leviathan
+  et al. 2023, arXiv 2211.17192, Eq. 1 with a per-position acceptance) and ``cost(k)`` from a
+  measured ``sj.CostTable`` (``chain_cost``: k draft steps and a pass over k + 1 tokens, in
+  target steps). ``a_bj`` is a per-row running estimate of the acceptance at position j:
+  an exponential moving average (weight ``decay`` on the newest observation) of the verifier's
+  exact acceptance probability (T > 0: ``sum_x min(p, q)`` for sampled drafts, ``p(x)`` for
+  deterministic ones; T = 0: the match indicator) at the positions whose test ran; positions not
+  observed drift back to ``prior`` at rate ``forget`` per iteration, which is what makes a row
+  that stopped speculating try again. With choice 0 a draft-free proposer still makes its first
+  guess (free) and the emitted token scores it; a draft model is skipped (no draft step at all)
+  and catches up with the committed text, ``sync``, when speculation resumes.
+* ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
+  "heuristic"``): +2 drafts after an iteration in which every active row accepted all its
+  drafts, else -1 (never below the smallest positive entry), starting at the largest entry.
+* ``"confidence"``: the draft stops after the first draft whose own probability falls below
+  ``threshold`` in every active row (HF's ``assistant_confidence_threshold`` = 0.4; AdaEDL,
+  SpecDec++), within the largest entry; then the pass over what was drafted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.proposers.base import CHAIN, Candidates
+from specjax.proposers.draft_chain import GammaChain
+from specjax.proposers.draft_free import TokenHistory
+
+RULES = ("cost", "schedule", "confidence")
+
+
+@flax.struct.dataclass
+class AdaptiveState:
+  inner: Any  # the wrapped proposer's state (shared by every menu entry)
+  text: TokenHistory  # the rows' committed text: what a skipped draft catches up with
+  acceptance: jax.Array  # float32[B, G] per-row, per-position acceptance estimates
+  shadow: jax.Array  # int32[B] the guess a plain-decoding iteration scored (draft-free proposers)
+  gamma: jax.Array  # int32[] the schedule's current draft length
+  drafts: jax.Array  # int32[B, G] the confidence rule's drafts of this iteration
+  laws: jax.Array  # float32[B, G, V] their laws (confidence rule; [B, 0, 0] otherwise)
+
+
+def expected_tokens(acceptance: jax.Array, gamma: int) -> jax.Array:
+  """float32[...]: expected tokens of one iteration of a chain of ``gamma`` drafts whose position
+  j is accepted with probability ``acceptance[..., j]`` given the earlier ones, plus the bonus:
+  ``1 + sum_{i<gamma} prod_{j<=i} a_j`` (Leviathan et al. 2023, Eq. 1, where all a_j = alpha)."""
+  survive = jnp.cumprod(acceptance[..., :gamma], axis=-1)
+  return 1.0 + jnp.sum(survive, axis=-1)
+
+
+def observe(acceptance: jax.Array, observed: jax.Array, values: jax.Array, decay: float,
+            drifting: jax.Array, prior: float, forget: float) -> jax.Array:
+  """The estimates after one iteration: an EMA step toward ``values`` where ``observed``
+  (bool[B, G]), a step of ``forget`` toward ``prior`` where ``drifting`` (bool[B, G])."""
+  acceptance = jnp.where(observed, acceptance + decay * (values - acceptance), acceptance)
+  return jnp.where(drifting & ~observed, acceptance + forget * (prior - acceptance), acceptance)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveProposer:
+  """The proposer of ``sj.Adaptive``. ``proposers[i]`` drafts ``choices[i]`` tokens (None for
+  0); ``shadow`` is the 1-guess proposer whose guess a plain-decoding iteration scores (None
+  when the inner proposer has a draft model, which is then skipped: ``syncs``). ``costs[i]``:
+  the cost of entry i's iteration in target steps (rule "cost")."""
+
+  proposers: tuple
+  choices: tuple[int, ...]
+  costs: tuple[float, ...]
+  rule: str
+  decay: float
+  prior: float
+  forget: float
+  threshold: float
+  vocab_size: int
+  shadow: Any = None
+
+  @property
+  def largest(self):
+    return self.proposers[-1]
+
+  @property
+  def syncs(self) -> bool:
+    """The inner proposer follows the text through a draft model: skipped at choice 0."""
+    return hasattr(self.largest, "sync")
+
+  @property
+  def num_candidates(self) -> int:
+    return self.choices[-1]
+
+  @property
+  def depth(self) -> int:
+    return self.choices[-1]
+
+  @property
+  def draft_calls_per_iteration(self) -> int:
+    return self.largest.draft_calls_per_iteration
+
+  @property
+  def prefill_draft_calls(self) -> int:
+    return self.largest.prefill_draft_calls
+
+  @property
+  def variants(self) -> tuple:
+    return tuple(MenuEntry(self, i) for i in range(len(self.choices)))
+
+  def prefill(self, params, prompt, prompt_lengths, cache_length):
+    batch, g = prompt.shape[0], self.num_candidates
+    laws = (batch, g, self.vocab_size) if self.rule == "confidence" else (batch, 0, 0)
+    return AdaptiveState(
+        inner=self.largest.prefill(params, prompt, prompt_lengths, cache_length),
+        text=TokenHistory.of_prompt(prompt, prompt_lengths, cache_length),
+        acceptance=jnp.full((batch, g), self.prior, jnp.float32),
+        shadow=jnp.full((batch,), -1, jnp.int32), gamma=jnp.int32(self.choices[-1]),
+        drafts=jnp.zeros((batch, g), jnp.int32), laws=jnp.zeros(laws, jnp.float32))
+
+  def choose(self, params, state: AdaptiveState, pending, keys, sampling, active):
+    """(int32[] menu index, state) for the coming iteration: from the estimates and the costs,
+    the schedule, or (confidence) the draft's own chain, drafted here."""
+    choices = jnp.asarray(self.choices, jnp.int32)
+    if self.rule == "cost":
+      tokens = jnp.stack([expected_tokens(state.acceptance, k) for k in self.choices], axis=1)
+      score = jnp.sum(jnp.where(active[:, None], tokens, 0.0), axis=0) / jnp.asarray(self.costs)
+      return jnp.argmax(score).astype(jnp.int32), state  # ties: the shorter entry
+    if self.rule == "schedule":
+      return jnp.sum(choices <= state.gamma).astype(jnp.int32) - 1, state
+    inner = self.sync_inner(params, state)
+    count, drafts, laws, inner = self.largest.propose_confident(
+        params, inner, pending, keys, sampling, self.threshold, active)
+    return jnp.argmax(choices == count).astype(jnp.int32), state.replace(
+        inner=inner, drafts=drafts, laws=laws)
+
+  def sync_inner(self, params, state: AdaptiveState):
+    """The inner state caught up with the committed text (a skipped draft model)."""
+    if not self.syncs:
+      return state.inner
+    return self.largest.sync(params, state.inner, state.text.tokens, state.text.lengths,
+                             self.num_candidates)
+
+
+@dataclasses.dataclass(frozen=True)
+class MenuEntry(GammaChain):
+  """Entry ``index`` of an ``AdaptiveProposer``'s menu: a proposer of ``choices[index]`` drafts
+  over the shared ``AdaptiveState``; its ``commit`` also updates the estimates and the text."""
+
+  parent: AdaptiveProposer
+  index: int
+
+  @property
+  def gamma(self) -> int:
+    return self.parent.choices[self.index]
+
+  @property
+  def draft_calls_per_iteration(self) -> int:
+    return 0 if self.gamma == 0 else self.parent.proposers[self.index].draft_calls_per_iteration
+
+  prefill_draft_calls = 0
+
+  def propose(self, params, state: AdaptiveState, pending, keys, sampling):
+    parent = self.parent
+    state = state.replace(text=state.text.with_pending(pending))
+    batch = pending.shape[0]
+    if self.gamma == 0:
+      none = Candidates(tokens=jnp.zeros((batch, 0), jnp.int32), q=None, kind=CHAIN)
+      if parent.shadow is None:  # a draft model: skipped, caught up when speculation resumes
+        return none, state
+      guess, inner = parent.shadow.propose(params, state.inner, pending, keys, sampling)
+      return none, state.replace(inner=inner, shadow=guess.tokens[:, 0])
+    if parent.rule == "confidence":  # drafted by ``choose``
+      q = None if sampling.is_greedy else state.laws[:, :self.gamma]
+      return Candidates(tokens=state.drafts[:, :self.gamma], q=q, kind=CHAIN), state
+    candidates, inner = parent.proposers[self.index].propose(
+        params, parent.sync_inner(params, state), pending, keys, sampling)
+    return candidates, state.replace(inner=inner)
+
+  def commit(self, params, state: AdaptiveState, candidates, outcome):
+    parent, g = self.parent, self.gamma
+    active, n = outcome.active, outcome.num_accepted
+    text = state.text.commit(candidates.tokens, outcome)
+    pos = jnp.arange(parent.num_candidates)[None, :]
+    drifting = jnp.broadcast_to(active[:, None], state.acceptance.shape)
+    if g == 0:
+      inner, values = state.inner, jnp.zeros_like(state.acceptance)
+      observed = jnp.zeros_like(drifting)
+      if parent.shadow is not None:  # the free guess, scored by the token the target emitted
+        guess = Candidates(tokens=state.shadow[:, None], q=None, kind=CHAIN)
+        inner = parent.shadow.commit(params, state.inner, guess, outcome)
+        hit = (outcome.next_token == state.shadow).astype(jnp.float32)
+        values = jnp.broadcast_to(hit[:, None], values.shape)
+        observed = drifting & (pos == 0)
+    else:
+      inner = parent.proposers[self.index].commit(params, state.inner, candidates, outcome)
+      values = jnp.pad(outcome.accept_prob.astype(jnp.float32),
+                       ((0, 0), (0, parent.num_candidates - g)))
+      observed = drifting & (pos < jnp.minimum(n + 1, g)[:, None])
+    acceptance = observe(state.acceptance, observed, values, parent.decay, drifting,
+                         parent.prior, parent.forget)
+    gamma = state.gamma
+    if parent.rule == "schedule":
+      positive = min(k for k in parent.choices if k > 0)
+      all_in = jnp.all(jnp.where(active, n == g, True)) & (g > 0)
+      gamma = jnp.clip(jnp.where(all_in, gamma + 2, gamma - 1), positive, parent.choices[-1])
+    return state.replace(inner=inner, text=text, acceptance=acceptance, gamma=gamma)
+
+
+def check_menu(choices, rule: str) -> tuple[int, ...]:
+  """The menu as a sorted tuple, or a one-line ValueError naming what is wrong."""
+  if rule not in RULES:
+    raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+  try:
+    menu = tuple(choices)
+  except TypeError:
+    raise ValueError(f"choices must be a sequence of draft lengths, got {choices!r}") from None
+  if not menu or any(not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0
+                     for k in menu):
+    raise ValueError(f"choices must be integers >= 0 (0: plain decoding), got {choices!r}")
+  if len(set(menu)) != len(menu) or list(menu) != sorted(menu):
+    raise ValueError(f"choices must be increasing without repeats, got {choices!r}")
+  if menu[-1] < 1:
+    raise ValueError(f"choices must include a draft length >= 1, got {choices!r}")
+  if rule == "confidence" and not set(range(1, menu[-1] + 1)) <= set(menu):
+    raise ValueError(f"the confidence rule stops the draft at any length up to the largest "
+                     f"choice, so choices must include 1..{menu[-1]}, got {choices!r}")
+  return tuple(int(k) for k in menu)
+
+
+def check_settings(decay, prior, forget, threshold) -> None:
+  """The estimator's and the confidence rule's numbers, or a one-line ValueError."""
+  for field, value in (("decay", decay), ("prior", prior), ("forget", forget),
+                       ("threshold", threshold)):
+    low = "(0" if field == "decay" else "[0"
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
+        0.0 <= value <= 1.0) or (field == "decay" and value == 0.0):
+      raise ValueError(f"{field} must be a number in {low}, 1], got {value!r}")
+
+
+def menu_costs(costs, choices: tuple[int, ...], rule: str) -> tuple[float, ...]:
+  """Each entry's iteration cost in target steps from ``costs`` (an ``sj.CostTable``) for the
+  cost rule (``()`` for the others), or a one-line ValueError (a pass the table lacks: its own)."""
+  if rule != "cost":
+    return ()
+  if not callable(getattr(costs, "chain_cost", None)):
+    raise ValueError(f"rule 'cost' needs costs=sj.CostTable measured for this run "
+                     f"(sj.CostTable.measure), got {costs!r}")
+  return tuple(float(costs.chain_cost(k)) for k in choices)

@@ -1,0 +1,243 @@
+"""``sj.Adaptive``: a menu of draft lengths chosen per iteration (``specjax.proposers.adaptive``).
+
+1. Greedy: every wrapped chain method under every rule returns ``Autoregressive``'s tokens (ragged
+   batch, EOS), and its choice histogram counts every iteration.
+2. Choices: the cost rule follows the costs (prohibitive drafts: plain decoding only; free
+   drafts that are always right: the largest entry only); a draft skipped at choice 0 catches up
+   with the text (a self-draft, q = p, forced to alternate 0 and 3 still has every draft
+   accepted; the same with the catch-up removed does not); the schedule moves +2/-1.
+3. Law: the harness over gamma_max + 3 tokens, every row its own batch of one so that the
+   choices follow each row's own past, with a menu that really switches (histogram asserted),
+   for the cost, schedule and confidence rules; a rule that peeks at this iteration's verdict
+   before choosing is rejected by the same test.
+4. Errors: one line each, naming the bad value.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+
+import specjax as sj
+from specjax import metrics
+from specjax.decoding import loop
+from specjax.proposers import adaptive as adaptive_lib
+from specjax.proposers import draft_chain
+
+try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
+  from tests import lawcheck
+  from tests.test_laws import patched
+  from tests.test_speculative import (GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG, _seed,
+                                      greedy_reference, noisy_copy, random_transformer,
+                                      tabular_pair, truncate_at_eos)
+except ImportError:  # pragma: no cover
+  import lawcheck
+  from test_laws import patched
+  from test_speculative import (GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG, _seed, greedy_reference,
+                                noisy_copy, random_transformer, tabular_pair, truncate_at_eos)
+
+S = sj.Sampling
+MENU = (0, 1, 2, 3)
+
+
+def table(verify=(1.0, 1.3, 1.6, 1.9), draft_step=0.1) -> sj.CostTable:
+  """A cost table by hand: v(T) for T = 1.., a draft step of ``draft_step`` target steps."""
+  return sj.CostTable(verify={t + 1: v for t, v in enumerate(verify)}, draft_step=draft_step,
+                      batch=1, context=8, target_step_ms=1.0, device="by hand")
+
+
+FLAT = table((1.0, 1.0, 1.0, 1.0), 0.0)  # drafting is free: the largest entry always pays
+PROHIBITIVE = table((1.0, 9.0, 9.0, 9.0), 5.0)  # never pays
+
+
+def methods():
+  target = random_transformer(TF_CONFIG, 0)
+  draft = noisy_copy(TF_CONFIG, 0)
+  return target, {"speculative": sj.Speculative(draft, gamma=1),
+                  "self_speculative": sj.SelfSpeculative(skip=(1,)),
+                  "prompt_lookup": sj.PromptLookup(max_ngram=2),
+                  "jacobi": sj.Jacobi()}
+
+
+class GreedyTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("speculative_cost", "speculative", "cost"),
+      ("speculative_schedule", "speculative", "schedule"),
+      ("speculative_confidence", "speculative", "confidence"),
+      ("self_speculative_cost", "self_speculative", "cost"),
+      ("prompt_lookup_cost", "prompt_lookup", "cost"),
+      ("jacobi_schedule", "jacobi", "schedule"))
+  def test_matches_autoregressive(self, name, rule):
+    target, inner = methods()
+    choices = MENU[1:] if rule == "confidence" else MENU
+    method = sj.Adaptive(inner[name], choices=choices, costs=table(), rule=rule)
+    expected = greedy_reference(TF_CONFIG, GREEDY_NEW)
+    eos = int(expected[0, 4])  # row 0 stops early; the others run on
+    out = sj.generate(target, GREEDY_PROMPTS, method, max_new_tokens=GREEDY_NEW,
+                      eos_token_id=eos)
+    np.testing.assert_array_equal(np.asarray(out.tokens), truncate_at_eos(expected, eos))
+    counts = np.asarray(out.stats.choice_counts)
+    self.assertLen(counts, len(choices))
+    self.assertEqual(counts.sum(), int(out.stats.target_calls) - 1)  # every iteration, once
+
+
+class ChoiceTest(absltest.TestCase):
+
+  def test_costs_decide(self):
+    target, inner = methods()
+    expected = greedy_reference(TF_CONFIG, GREEDY_NEW)
+    never = sj.Adaptive(inner["speculative"], choices=MENU, costs=PROHIBITIVE)
+    out = sj.generate(target, GREEDY_PROMPTS, never, max_new_tokens=GREEDY_NEW)
+    np.testing.assert_array_equal(np.asarray(out.tokens), expected)
+    np.testing.assert_array_equal(np.asarray(out.stats.choice_counts), [GREEDY_NEW - 1, 0, 0, 0])
+    self.assertEqual(int(out.stats.draft_calls), 1)  # the prefill: a skipped draft never runs
+
+    always = sj.Adaptive(sj.SelfSpeculative(skip=()), choices=MENU, costs=FLAT)
+    out = sj.generate(target, GREEDY_PROMPTS, always, max_new_tokens=GREEDY_NEW)
+    np.testing.assert_array_equal(np.asarray(out.tokens), expected)
+    counts = np.asarray(out.stats.choice_counts)
+    self.assertEqual(counts[:3].sum(), 0, msg=str(counts))
+    self.assertEqual(int(np.sum(out.stats.accepted)), int(np.sum(out.stats.proposed)))
+
+  def test_skipped_draft_catches_up(self):
+    """A self-draft (q = p) accepts everything only if its cache holds exactly the text: forced
+    to alternate plain decoding and 3 drafts, every draft is still accepted (the catch-up feeds
+    what the skipped iterations committed); without the catch-up, drafts are rejected."""
+    target = random_transformer(TF_CONFIG, 0)
+    method = sj.Adaptive(sj.SelfSpeculative(skip=()), choices=MENU, costs=FLAT)
+
+    def alternate(self, params, state, pending, keys, sampling, active):
+      del self, params, pending, keys, sampling, active
+      # 3 drafts (+4 tokens when all are accepted) where the length is 2, 3 or 4 mod 5, else 0
+      return jnp.where(state.text.lengths[0] % 5 < 2, 0, 3).astype(jnp.int32), state
+
+    def run(sampling, *patches):
+      with patched(((adaptive_lib.AdaptiveProposer, "choose", alternate),) + patches):
+        return sj.generate(target, GREEDY_PROMPTS, method, sampling, 3 * GREEDY_NEW,
+                           key=jax.random.key(0))
+
+    out = run(S(0.0))
+    np.testing.assert_array_equal(np.asarray(out.tokens), greedy_reference(TF_CONFIG,
+                                                                           3 * GREEDY_NEW))
+    counts = np.asarray(out.stats.choice_counts)
+    self.assertGreater(counts[0], 2, msg=str(counts))
+    self.assertGreater(counts[3], 2, msg=str(counts))
+    # At T = 1, q = p (every position's sum min(p, q) = 1 up to float round-off between pass
+    # shapes) needs the draft's cache to hold exactly the target's context.
+    sampled = run(S(1.0))
+    self.assertGreater(sampled.stats.expected_alpha, 1 - 1e-5)
+    self.assertGreater(lawcheck.self_draft_pvalue(sampled), 1e-3)
+    stale = run(S(1.0), (draft_chain, "sync", lambda draft, state, *a: state))
+    self.assertLess(stale.stats.expected_alpha, 0.999)
+
+  def test_schedule_moves_plus_two_minus_one(self):
+    target = random_transformer(TF_CONFIG, 0)
+    exact = sj.Adaptive(sj.SelfSpeculative(skip=()), choices=(0, 1, 2, 3, 4, 5, 6),
+                        rule="schedule")
+    out = sj.generate(target, [GREEDY_PROMPTS[0]], exact, max_new_tokens=GREEDY_NEW)
+    counts = np.asarray(out.stats.choice_counts)  # starts at the largest and never leaves it
+    self.assertEqual(counts[6], counts.sum(), msg=str(counts))
+    noisy = sj.Adaptive(sj.Speculative(noisy_copy(TF_CONFIG, 0)), choices=(0, 1, 2, 3, 4, 5, 6),
+                        rule="schedule")
+    out = sj.generate(target, [GREEDY_PROMPTS[0]], noisy, max_new_tokens=3 * GREEDY_NEW)
+    counts = np.asarray(out.stats.choice_counts)  # falls after each miss, never to 0
+    self.assertEqual(counts[0], 0, msg=str(counts))
+    self.assertGreater(counts[1:4].sum(), 0, msg=str(counts))
+
+  def test_estimates(self):
+    a = jnp.asarray([[0.5, 0.5, 0.5], [1.0, 1.0, 0.0]])
+    np.testing.assert_allclose(adaptive_lib.expected_tokens(a, 3), [1.875, 3.0])
+    for alpha in (0.0, 0.3, 0.9):  # equal positions: Leviathan's closed form
+      np.testing.assert_allclose(adaptive_lib.expected_tokens(jnp.full((4,), alpha), 4),
+                                 metrics.expected_tokens_per_iteration(alpha, 4), rtol=1e-6)
+    np.testing.assert_allclose(adaptive_lib.expected_tokens(a, 0), [1.0, 1.0])
+    observed = jnp.asarray([[True, False, False], [True, True, False]])
+    drifting = jnp.asarray([[True] * 3, [False] * 3])
+    new = adaptive_lib.observe(a, observed, jnp.zeros_like(a), 0.5, drifting, 0.9, 0.1)
+    np.testing.assert_allclose(new, [[0.25, 0.54, 0.54], [0.5, 0.5, 0.0]], rtol=1e-6)
+
+
+def law_pair():
+  target, draft = tabular_pair("mixed", 3)
+  return target, draft
+
+
+class LawTest(absltest.TestCase):
+  """Every row its own batch of one (``lawcheck.generate_rowwise``): the choices then follow each
+  row's own acceptance, so they differ between rows and iterations."""
+
+  def law(self, method, name: str, sampling=S(1.0)):
+    target, _ = law_pair()
+    return lawcheck.check_law(target, method, sampling, [(2, 1)], method.gamma + 3,
+                              seed=_seed(name), rowwise=True)
+
+  def assert_switches(self, result, least: int = 3):
+    counts = np.asarray(result.out.stats.choice_counts).sum(axis=0)
+    self.assertGreaterEqual(int(np.sum(counts > 0.02 * counts.sum())), least, msg=str(counts))
+    return counts
+
+  def test_cost_rule_and_a_peeking_rule(self):
+    _, draft = law_pair()
+    close = table((1.0, 1.1, 1.2, 1.3), 0.05)  # every entry near the best at this acceptance
+    method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=close)
+    clean = self.law(method, "adaptive_cost")
+    self.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
+    self.assert_switches(clean)
+
+    def peeking(index, branches, state):
+      """Runs the longest entry first and keeps it only if its verdict accepted a draft in
+      every active row; otherwise plain decoding: a choice made from this iteration's target
+      logits."""
+      del index
+      longest = branches[-1](state)
+      accepted = longest.stats.accepted - state.stats.accepted
+      good = jnp.all(jnp.where(state.done, True, accepted > 0))
+      return jax.lax.cond(good, lambda: longest, lambda: branches[0](state))
+
+    with patched(((loop, "run_choice", peeking),)):
+      mutant = self.law(method, "adaptive_peeking")
+    self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
+
+  def test_schedule_and_confidence_rules(self):
+    _, draft = law_pair()
+    schedule = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, rule="schedule")
+    result = self.law(schedule, "adaptive_schedule", S(0.8, top_k=3))
+    self.assertGreater(result.pvalue, lawcheck.P_FLOOR, msg=result.summary())
+    self.assert_switches(result)
+    confidence = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU[1:],
+                             rule="confidence", threshold=0.5)
+    result = self.law(confidence, "adaptive_confidence")
+    self.assertGreater(result.pvalue, lawcheck.P_FLOOR, msg=result.summary())
+    self.assert_switches(result)
+
+
+class ErrorTest(absltest.TestCase):
+
+  def test_errors(self):
+    _, inner = methods()
+    spec = inner["speculative"]
+    cases = [
+        (dict(method=sj.Lookahead()), "wraps a chain method .*got Lookahead"),
+        (dict(method=spec, rule="greedy"), "rule must be one of .*'greedy'"),
+        (dict(method=spec, choices=(0,)), "draft length >= 1, got \\(0,\\)"),
+        (dict(method=spec, choices=(2, 1)), "increasing without repeats, got \\(2, 1\\)"),
+        (dict(method=spec, choices=(0, -1)), "integers >= 0 .*-1"),
+        (dict(method=spec, choices=(1, 3), rule="confidence"), "must include 1..3"),
+        (dict(method=spec, decay=0.0, costs=FLAT), "decay must be a number in \\(0, 1\\], got 0.0"),
+        (dict(method=spec, prior=1.5, costs=FLAT), "prior must be .* got 1.5"),
+        (dict(method=spec), "rule 'cost' needs costs=sj.CostTable"),
+        (dict(method=spec, choices=(0, 1, 6), costs=FLAT), "7"),  # no pass over 7 tokens
+        (dict(method=inner["prompt_lookup"], choices=(1, 2), rule="confidence"),
+         "confidence rule .*PromptLookup has none"),
+    ]
+    for kwargs, message in cases:
+      with self.subTest(message):
+        with self.assertRaisesRegex(ValueError, message):
+          sj.Adaptive(**kwargs)
+
+
+if __name__ == "__main__":
+  absltest.main()
