@@ -116,7 +116,7 @@ class Models:
 
 
 def load_pair(target: str, draft: str | None, prompts: str, batch_size: int, prompt_tokens: int,
-              gammas, temperature: float, max_new_tokens: int):
+              gammas, temperature: float, max_new_tokens: int, chat_template: bool = False):
   """For the side tools (cost_split, tree_vs_chain, search_skip): the runner's own config checks,
   checkpoint resolution ("default" builds the embedded pair on first use), model loading and
   prompt encoding (BOS included), so that every tool times the same thing. Returns (target, draft,
@@ -140,5 +140,5 @@ def load_pair(target: str, draft: str | None, prompts: str, batch_size: int, pro
   with tempfile.TemporaryDirectory() as tmpdir:
     models = Models(config, specs, tmpdir)
   encoded = models.encode(texts[:batch_size], prompt_tokens, bool(config.add_bos),
-                          bool(config.chat_template))
+                          chat_template)
   return models.sj["target"], models.sj.get("draft"), encoded, specs

@@ -155,6 +155,11 @@ class GreedyTest(parameterized.TestCase):
 class LawTest(absltest.TestCase):
   """The law harness on sampled EAGLE-3 drafts whose vocabulary lacks tokens the target emits.
 
+  A dynamic tree has no law run of its own here: its children are the head's top-k, verified
+  by the one-hot rule, so the reduced vocabulary's q never reaches its verifier; the dynamic
+  tree's law is tested with the EAGLE-1 head (``tests/test_eagle.py``) and its EAGLE-3 tokens
+  by the greedy tests above.
+
   Its mutation: the verifier handed the draft vocabulary's law unscattered (draft id ``k``'s
   probability at target id ``k``) while the token is the mapped one. A wrong map inside
   ``draft_logits`` (shifted ids) or stale features would keep the law: the token is drawn from
@@ -197,12 +202,6 @@ class LawTest(absltest.TestCase):
     self.assertGreater(result.pvalue, lawcheck.P_FLOOR, msg=result.summary())
     counts = np.asarray(result.out.stats.accepted_length_counts)
     self.assertTrue(np.all(counts > 0), msg=str(counts))
-
-  def test_dynamic_tree(self):
-    result = self.law(sj.Eagle(self.head(), tree=sj.DynamicTree(2, 2, 4)), "eagle3_dynamic",
-                      2 + 3)
-    self.assertGreater(result.pvalue, lawcheck.P_FLOOR, msg=result.summary())
-    self.assertGreater(int(np.sum(result.out.stats.accepted)), 0)
 
 
 def numpy_head3(tensors: dict, config: sj.ModelConfig, tokens, features, embed) -> np.ndarray:
