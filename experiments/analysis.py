@@ -10,7 +10,7 @@ import statistics
 
 import numpy as np
 
-from experiments.methods import CHAIN, HEAD, METHODS, PASS, SELF, TREE, tree_of
+from experiments.methods import ADAPTIVE, CHAIN, HEAD, METHODS, PASS, SELF, TREE, tree_of
 from experiments.runconfig import setting_key, setting_label
 from specjax import costs, metrics
 
@@ -27,6 +27,7 @@ def _entry(rec: dict) -> dict:
   tps = [n / t for n, t in zip(rec["tokens"], rec["times"])]
   entry = {k: rec[k] for k in ("method", "gamma", "tree", "temperature", "top_k", "top_p",
                                "mesh", "memory")}
+  entry.update({k: rec[k] for k in ("rule", "base", "choices", "cost_table") if k in rec})
   # The greedy/sampled outputs of the first timed repeat, to compare runs (e.g. one process
   # against several) without storing every token.
   entry["outputs_sha256"] = hashlib.sha256(
@@ -114,15 +115,35 @@ def _head_model(e: dict, nodes: int, cost: dict, base: dict | None) -> None:
   e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]
 
 
+def _adaptive_model(e: dict, base: dict | None) -> None:
+  """An adaptive setting's modelled speedup from its histogram of choices: the tokens a row got
+  from the loop's iterations over what those iterations cost in target steps (each choice k at
+  its table's ``chain_cost(k)``), per call. The iterations are the batch's, so rows left idle
+  are in the cost already; only the baseline's own idle rows are divided out."""
+  counts, table = e.get("choice_counts"), e.get("cost_table")
+  if not counts or not table or not e.get("calls"):
+    return
+  try:
+    model = costs.CostTable.from_dict(table)
+    cost = sum(n * model.chain_cost(k) for k, n in zip(e["choices"], counts) if n)
+  except ValueError:  # a pass the table lacks (a choice never measured): no model
+    return
+  e["iteration_cost"] = cost / max(sum(counts), 1)
+  base_busy = (base or {}).get("row_utilisation", 1.0)
+  e["modelled_speedup"] = (e["new_tokens_per_row"] / (cost / e["calls"])
+                           / (base_busy if math.isfinite(base_busy) else 1.0))
+  e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]
+
+
 def analyse(config, records: list[dict], cost: dict, texts: list[str], decode) -> dict:
   """``{"settings": [...], "optimal_gamma": {...}, "samples": {...}}`` from the timed
   ``records``; adds the cost ratio used (and the autoregressive-based one) to ``cost``.
   ``decode``: token ids -> text (the run's tokenizer)."""
   results_settings = [_entry(rec) for rec in records]
 
-  def find(method, temperature, gamma=None, tree=None, mesh=""):
+  def find(method, temperature, gamma=None, tree=None, mesh="", rule=None):
     for e in results_settings:
-      if setting_key(e) == (method, gamma, tree, temperature, mesh):
+      if setting_key(e) == (method, gamma, tree, temperature, mesh, rule):
         return e
     return None
 
@@ -153,12 +174,14 @@ def analyse(config, records: list[dict], cost: dict, texts: list[str], decode) -
       _chain_model(e, cost["self_speculative"], cost["self_speculative"]["cost_ratio"], base)
     elif method.cost_model == HEAD:
       _head_model(e, method.pass_tokens(config, e), cost, base)
+    elif method.cost_model == ADAPTIVE:
+      _adaptive_model(e, base)
     elif method.cost_model in (TREE, PASS):
       draft_free = method.cost_model == PASS
       _pass_model(e, method.pass_tokens(config, e),
                   cost.get("draft_free", {}) if draft_free else cost, base, draft_free)
     if e["mesh"]:  # the same setting on one device: its speed, and the very same tokens
-      alone = find(e["method"], e["temperature"], e["gamma"], e["tree"])
+      alone = find(e["method"], e["temperature"], e["gamma"], e["tree"], rule=e.get("rule"))
       if alone is not None:
         e["over_one_device"] = e["tokens_per_s"] / alone["tokens_per_s"]
         e["same_as_one_device"] = match(records, e, alone)

@@ -185,6 +185,46 @@ def _hf_assisted(config, s: dict, models: dict) -> dict:
               num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
 
 
+# --------------------------------------------------------------------------------------- adaptive
+
+# Method "adaptive" (``sj.Adaptive``): one setting per rule of ``adaptive_rules`` over the menu
+# ``adaptive_choices`` of draft lengths of the base method ``adaptive_method``.
+ADAPTIVE_SWEEP = "adaptive_rules"
+ADAPTIVE_BASES = ("speculative", "self_speculative", "prompt_lookup", "jacobi")
+ADAPTIVE_RULES = ("cost", "schedule", "confidence")  # specjax.proposers.adaptive.RULES
+DRAFT_MODEL_BASES = ("speculative", "self_speculative")  # the confidence rule's: a draft's law
+
+
+def adaptive_menu(choices, rule: str) -> tuple[int, ...]:
+  """The menu a rule runs: ``choices``, except that the confidence rule stops its draft at any
+  length up to the largest choice, so its menu is every length 1..max (``sj.Adaptive`` asks for
+  that; plain decoding, 0, is never its pick)."""
+  choices = tuple(int(k) for k in choices)
+  return tuple(range(1, max(choices) + 1)) if rule == "confidence" else choices
+
+
+def adaptive_table(cost: dict, base: str) -> dict | None:
+  """The ``CostTable`` (its ``to_dict``) measured for ``base``'s passes in the run's ``cost``
+  dict (``timing.measure_run_costs``): the chain pair's, the self-draft's, or the draft-free
+  one (draft step 0). None when it was not measured."""
+  where = {"speculative": cost, "self_speculative": cost.get("self_speculative") or {}}
+  return where.get(base, cost.get("draft_free") or {}).get("table")
+
+
+def _adaptive(config, s: dict, models: dict):
+  """``sj.Adaptive`` over the base method built by its own entry at the largest choice, with the
+  run's measured table for that base (``s["cost_table"]``, set once the costs are measured)."""
+  import specjax as sj
+  base = METHODS[s["base"]]
+  table = s.get("cost_table")
+  return sj.Adaptive(base.build(config, dict(s, method=base.name), models),
+                     choices=tuple(s["choices"]), rule=s["rule"],
+                     costs=sj.CostTable.from_dict(table) if table else None,
+                     decay=float(config.adaptive_decay), prior=float(config.adaptive_prior),
+                     forget=float(config.adaptive_forget),
+                     threshold=float(config.adaptive_threshold))
+
+
 # ------------------------------------------------------------------------------------------ table
 
 # How a method's speed is modelled from measured costs (``analysis``): CHAIN, Leviathan et al.'s
@@ -193,7 +233,9 @@ def _hf_assisted(config, s: dict, models: dict) -> dict:
 # PASS, a draft-free method whose iteration is one pass over [pending, its tokens].
 # HEAD, an EAGLE head's iteration: its drafting passes (gamma for a chain, the depth for a tree)
 # at the head's measured step cost, then the target's pass over [pending, its tokens].
-CHAIN, SELF, TREE, PASS, HEAD = "chain", "self", "tree", "pass", "head"
+# ADAPTIVE, ``sj.Adaptive``: per iteration one entry of its menu, each at ``CostTable.chain_cost``
+# of its base's table (``adaptive_table``), weighed by the run's histogram of choices.
+CHAIN, SELF, TREE, PASS, HEAD, ADAPTIVE = "chain", "self", "tree", "pass", "head", "adaptive"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +248,8 @@ class Method:
   build: Callable[[Any, dict, dict], Any]
   doc: str
   sweep: str | None = None  # config field swept: "gammas" (setting["gamma"]), "trees" or
-  # "lookahead" (setting["tree"]), HEAD_SWEEP (either); None: one setting per temperature
+  # "lookahead" (setting["tree"]), HEAD_SWEEP (either), ADAPTIVE_SWEEP (setting["rule"]); None:
+  # one setting per temperature
   role: str = "target"  # the model sj.generate decodes with
   needs_draft: bool = False
   head: str | None = None  # the role of the EAGLE head it drafts with (config field of that name)
@@ -215,7 +258,8 @@ class Method:
   batch_one: bool = False  # transformers' assisted generation refuses batches
   # Tokens the target's pass scores besides the pending one (0: one token per pass).
   pass_tokens: Callable[[Any, dict], int] = lambda config, s: 0
-  cost_model: str | None = None  # CHAIN | SELF | TREE | PASS | HEAD (see above)
+  cost_model: str | None = None  # CHAIN | SELF | TREE | PASS | HEAD | ADAPTIVE (see above)
+  wraps: str | None = None  # config field naming the method it wraps (adaptive_method)
   counterpart: str | None = None  # transformers' method it is compared with (same gamma)
 
 
@@ -254,6 +298,10 @@ _M = [
            "SuffixDecoding: the datastore and the row's own text", sweep="gammas",
            datastore="optional", pass_tokens=lambda c, s: int(c.retrieval_nodes),
            cost_model=PASS),
+    Method("adaptive", _adaptive, "a draft length per iteration from a menu, 0 = plain decoding "
+           "(sj.Adaptive over adaptive_method; one setting per adaptive_rules rule)",
+           sweep=ADAPTIVE_SWEEP, pass_tokens=lambda c, s: max(int(k) for k in c.adaptive_choices),
+           cost_model=ADAPTIVE, wraps="adaptive_method"),
     Method("eagle", lambda c, s, m: head_method(s, m["eagle_head"]),
            "EAGLE-1/2 head on the target's final features (chains; head_trees: static and "
            "EAGLE-2 dynamic trees)", sweep=HEAD_SWEEP, head="eagle_head",
@@ -278,6 +326,12 @@ def _lookahead(spec: str):
   import specjax as sj
   w, n, g = parse_lookahead_spec(spec)
   return sj.Lookahead(window=w, ngram=n, guesses=g)
+
+
+def base_of(config, name: str) -> Method:
+  """The entry whose model roles ``name`` needs: the method it wraps (adaptive), else its own."""
+  entry = METHODS[name]
+  return METHODS[config[entry.wraps]] if entry.wraps else entry
 
 
 def named(**fields) -> tuple[str, ...]:

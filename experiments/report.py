@@ -32,6 +32,7 @@ import sys
 from typing import Any, Callable
 
 from experiments.methods import CHAIN, METHODS
+from experiments.report_adaptive import adaptive_label, choice_lines
 
 PLOT_FILES = {
     "speedup": "speedup_vs_gamma.png",
@@ -74,6 +75,8 @@ def _json_safe(x):
 
 
 def _method_label(e: dict) -> str:
+  if e.get("rule"):
+    return adaptive_label(e)
   return (e["method"] + (f" g={e['gamma']}" if e.get("gamma") is not None else "")
           + (f" {e['tree']}" if e.get("tree") else ""))
 
@@ -172,6 +175,8 @@ def format_table(results: dict) -> str:
   for t, o in (results.get("optimal_gamma") or {}).items():
     notes.append(f"T={float(t):g}: formula's optimal gamma {o['gamma']} (alpha {o['alpha']:.3f}, "
                  f"speedup {o['speedup']:.2f})")
+  if choice_lines(results):
+    notes += ["adaptive choices (share of iterations per draft length):", *choice_lines(results)]
   title = (f"{results.get('name', 'experiment')}: tokens/s = median of "
            f"{results.get('config', {}).get('repeats', '?')} interleaved repeats; speedup vs "
            f"autoregressive at the same T")
@@ -426,6 +431,9 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
            "target steps; reach d: share of iterations whose accepted path reaches depth d "
            "(for SpecTr, d drafts of one chain); tok/iteration leaves the prefill out.", "",
            trees, ""]
+  if choice_lines(results):
+    md += ["## Adaptive choices", "", "Share of loop iterations that ran each draft length "
+           "(0: plain decoding).", ""] + choice_lines(results) + [""]
   lev = leviathan_table(results)
   if lev:
     md += ["## Against the closed forms (Leviathan et al. 2023, Tables 2-3 shape)", "", lev, ""]

@@ -9,7 +9,7 @@ import json
 import os
 
 from experiments.errors import ConfigError
-from experiments.methods import METHODS, NO_DATASTORE
+from experiments.methods import METHODS, NO_DATASTORE, base_of
 from experiments.runconfig import (AUTO, DEFAULT, RANDOM_PREFIX, SMOLLM2_DRAFT, SMOLLM2_HEADS,
                                    SMOLLM2_VOCAB, datastore_vocab, pass_room, uses_retrieval)
 
@@ -77,7 +77,7 @@ def resolve_heads(config, target: ModelSpec, verbose: bool = True) -> None:
 
 
 def needs_draft(config) -> bool:
-  return any(METHODS[m].needs_draft for m in config.methods)
+  return any(METHODS[m].needs_draft or base_of(config, m).needs_draft for m in config.methods)
 
 
 # ---------------------------------------------------------------------------------- checkpoints
@@ -187,7 +187,8 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
   resolve_heads(config, specs["target"], verbose)
   hf = specs["target"].hf_config
   layers = hf.get("num_hidden_layers", hf.get("n_layer"))
-  if "self_speculative" in config.methods and layers is not None:
+  if layers is not None and any(base_of(config, m).name == "self_speculative"
+                                for m in config.methods):
     if max(config.skip, default=-1) >= layers or len(config.skip) >= layers:
       raise ConfigError(f"skip {list(config.skip)} does not fit the target's {layers} layers "
                         f"(indices 0..{layers - 1}, at least one kept)")

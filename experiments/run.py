@@ -46,7 +46,7 @@ from experiments import prompts as prompts_lib
 from experiments import resolve, runconfig
 from experiments.errors import ConfigError
 from experiments.errors import log as _log
-from experiments.methods import METHODS
+from experiments.methods import METHODS, adaptive_table
 from experiments.runconfig import setting_label
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -225,6 +225,9 @@ def run_experiment(config, command: str | None = None) -> dict:
          f"{config.repeats} repeats")
     # The cost ratio c and every setting's pass costs, inside jitted loops at the run's batch.
     cost = measure_run_costs(config, models.sj, settings, prompt_lengths, bsz)
+    # Each adaptive setting decides by (and its row records) the table measured for its base.
+    settings = [dict(s, cost_table=adaptive_table(cost, s["base"])) if s.get("rule") else s
+                for s in settings]
 
     runner = Runner(config, models, prompt_width=max(prompt_lengths))
     records = [dict(s, warmup_s=0.0, times=[], tokens=[], first_batch_s=[], stats=StatsSum(),

@@ -21,8 +21,9 @@ import ml_collections
 from experiments import prompts as prompts_lib
 from experiments.errors import ConfigError
 from experiments.methods import METHODS as METHODS_TABLE
-from experiments.methods import (HEAD_SWEEP, NO_DATASTORE, parse_head_tree_spec,
-                                 parse_lookahead_spec, parse_tree_spec)
+from experiments.methods import (ADAPTIVE_BASES, ADAPTIVE_RULES, ADAPTIVE_SWEEP,
+                                 DRAFT_MODEL_BASES, HEAD_SWEEP, NO_DATASTORE, adaptive_menu,
+                                 parse_head_tree_spec, parse_lookahead_spec, parse_tree_spec)
 from specjax import options
 
 # The methods a config may list, and everything about them: experiments/methods.py.
@@ -65,6 +66,11 @@ def setting(config, method: str, value, temperature: float = 0.0, mesh: str = ""
   """One setting: a method at one value of its sweep (``gamma``, or ``tree`` for tree and
   lookahead specs), one temperature and one mesh."""
   sweep = METHODS_TABLE[method].sweep
+  if sweep == ADAPTIVE_SWEEP:  # gamma: the largest choice (the cache room, what reports read)
+    menu = adaptive_menu(config.adaptive_choices, value)
+    return dict(method=method, gamma=menu[-1], tree=None, rule=value, choices=menu,
+                base=config.adaptive_method, temperature=float(temperature),
+                top_k=int(config.top_k), top_p=float(config.top_p), mesh=mesh)
   gamma_sweep = sweep == "gammas" or (sweep == HEAD_SWEEP and not isinstance(value, str))
   return dict(method=method, gamma=value if gamma_sweep else None,
               tree=None if gamma_sweep else value, temperature=float(temperature),
@@ -73,11 +79,13 @@ def setting(config, method: str, value, temperature: float = 0.0, mesh: str = ""
 
 def setting_key(s: dict) -> tuple:
   """What tells two settings apart (besides top_k/top_p, fixed per run)."""
-  return s["method"], s["gamma"], s.get("tree"), s["temperature"], s.get("mesh", "")
+  return (s["method"], s["gamma"], s.get("tree"), s["temperature"], s.get("mesh", ""),
+          s.get("rule"))
 
 
 def setting_label(s: dict) -> str:
-  g = f" g={s['gamma']}" if s["gamma"] is not None else ""
+  g = f" {s['rule']} g={s['gamma']}" if s.get("rule") else (
+      f" g={s['gamma']}" if s["gamma"] is not None else "")
   tree = f" {s['tree']}" if s.get("tree") else ""
   mesh = f" mesh={s['mesh']}" if s.get("mesh") else ""
   return f"{s['method']}{g}{tree}{mesh} T={s['temperature']:g}"
@@ -109,6 +117,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.methods = ("autoregressive", "speculative")
   c.gammas = (1, 2, 3, 4, 6)
   c.skip = ()  # the layers self_speculative's draft leaves out (experiments/search_skip.py)
+  # Method "adaptive" (sj.Adaptive): a draft length per iteration from the menu adaptive_choices
+  # (0 = plain decoding) over adaptive_method (speculative, self_speculative, prompt_lookup,
+  # jacobi), one setting per rule of adaptive_rules: "cost" (the run's measured cost table),
+  # "schedule" (HF's +2/-1), "confidence" (the draft stops below adaptive_threshold; draft-model
+  # bases only; its menu is every length 1..the largest choice). decay / prior / forget: the
+  # acceptance estimates' (cost rule).
+  c.adaptive_method = "speculative"
+  c.adaptive_choices = (0, 1, 2, 3, 4, 6)
+  c.adaptive_rules = ADAPTIVE_RULES
+  c.adaptive_decay = 0.3
+  c.adaptive_prior = 0.6
+  c.adaptive_forget = 0.05
+  c.adaptive_threshold = 0.4
   c.max_ngram = 3  # prompt_lookup: the longest n-gram looked up in the row's own text
   # Token trees and multi-draft methods run by method "tree", one setting per spec
   # (parse_tree_spec): full:DxB, chains:NxD, comb:DxW, dynamic:DxWxN (EAGLE-2), spectr:KxL
@@ -300,6 +321,8 @@ def validate(config) -> None:
   if len(set(config.head_trees)) != len(tuple(config.head_trees)):
     raise ConfigError(f"head_trees lists a spec twice: {list(config.head_trees)}")
   _check_int(config, "max_ngram", 1)
+  if "adaptive" in methods:
+    _check_adaptive(config)
   if uses_retrieval(methods):
     for name in ("retrieval_branches", "max_suffix", "datastore_bytes"):
       _check_int(config, name, 1)
@@ -402,6 +425,40 @@ def validate(config) -> None:
       if name not in random_models.RANDOM_MODELS:
         raise ConfigError(f"{role}: unknown random model {name!r}; known: "
                           f"{', '.join(random_models.RANDOM_MODELS)}")
+
+
+def _check_adaptive(config) -> None:
+  """Method "adaptive"'s fields, as ``sj.Adaptive`` checks them (without importing JAX)."""
+  if config.adaptive_method not in ADAPTIVE_BASES:
+    raise ConfigError(f"adaptive_method must be one of {', '.join(ADAPTIVE_BASES)}, got "
+                      f"{config.adaptive_method!r}")
+  menu = tuple(config.adaptive_choices)
+  if not menu or not all(_is_int(k) and k >= 0 for k in menu):
+    raise ConfigError(f"adaptive_choices must be integers >= 0 (0: plain decoding), got "
+                      f"{list(menu)}")
+  if list(menu) != sorted(set(menu)):
+    raise ConfigError(f"adaptive_choices must be increasing without repeats, got {list(menu)}")
+  if menu[-1] < 1:
+    raise ConfigError(f"adaptive_choices must include a draft length >= 1, got {list(menu)}")
+  rules = tuple(config.adaptive_rules)
+  if not rules:
+    raise ConfigError(f"adaptive_rules is empty; give at least one of {', '.join(ADAPTIVE_RULES)}")
+  for rule in rules:
+    if rule not in ADAPTIVE_RULES:
+      raise ConfigError(f"adaptive_rules: unknown rule {rule!r}; known: "
+                        f"{', '.join(ADAPTIVE_RULES)}")
+  if len(set(rules)) != len(rules):
+    raise ConfigError(f"adaptive_rules lists a rule twice: {list(rules)}")
+  if "confidence" in rules and config.adaptive_method not in DRAFT_MODEL_BASES:
+    raise ConfigError(f"adaptive rule 'confidence' stops a draft model by its own probabilities; "
+                      f"adaptive_method {config.adaptive_method!r} has none (use "
+                      f"{' or '.join(DRAFT_MODEL_BASES)}, or drop the rule)")
+  for name in ("adaptive_decay", "adaptive_prior", "adaptive_forget", "adaptive_threshold"):
+    value = config[name]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+    if not ok or (name == "adaptive_decay" and value == 0):
+      raise ConfigError(f"{name} must be a number in {'(0' if name == 'adaptive_decay' else '[0'}"
+                        f", 1], got {value!r}")
 
 
 def datastore_vocab(path: str) -> int:

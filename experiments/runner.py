@@ -55,7 +55,7 @@ class Runner:
   def method(self, s: dict):
     """(role, sj method) of setting ``s``: its ``METHODS`` entry built once per (sweep value,
     mesh) on the models placed on that mesh."""
-    key = (s["method"], s["gamma"], s.get("tree"), s.get("mesh", ""))
+    key = (s["method"], s["gamma"], s.get("tree"), s.get("mesh", ""), s.get("rule"))
     if key not in self.methods:
       entry = METHODS[s["method"]]
       self.methods[key] = (entry.role,
@@ -146,7 +146,8 @@ class StatsSum:
                   alpha_count=stats.alpha_count,
                   accepted_per_position=stats.accepted_per_position,
                   proposed_per_position=stats.proposed_per_position,
-                  accepted_length_counts=stats.accepted_length_counts)
+                  accepted_length_counts=stats.accepted_length_counts,
+                  choice_counts=stats.choice_counts)  # int32[K]: sj.Adaptive's; K = 0 else
     for k, v in fields.items():
       v = np.asarray(v, np.float64)
       self.sums[k] = self.sums[k] + v if k in self.sums else v
@@ -179,4 +180,10 @@ class StatsSum:
                                     (s["target_calls"] - self.n) * s["rows"] / self.n),
                 target_calls=int(s["target_calls"]) // self.n,
                 draft_calls=int(s["draft_calls"]) // self.n,
-                proposed=int(s["proposed"]) // self.n, accepted=int(s["accepted"]) // self.n)
+                proposed=int(s["proposed"]) // self.n, accepted=int(s["accepted"]) // self.n,
+                # Loop iterations of every call (prefills out), and the tokens a row got from
+                # them: what an adaptive setting's histogram of choices is weighed against.
+                iterations=int(s["target_calls"]) - self.n,
+                new_tokens_per_row=div(s["generated"] - s["rows"], s["rows"]),
+                calls=self.n, **({"choice_counts": [int(c) for c in s["choice_counts"]]}
+                                 if np.size(s["choice_counts"]) else {}))

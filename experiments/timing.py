@@ -1,11 +1,33 @@
 """What the run's passes cost on this machine (``specjax.costs.measure_step_costs``), measured
 once per run before the timed settings: the draft/target cost ratio c, the verification passes of
-every chain, tree and draft-free setting in target steps, and bare speculative iterations."""
+every chain, tree and draft-free setting in target steps, and bare speculative iterations; for
+adaptive settings, every pass and iteration of their menus (their base's ``CostTable``)."""
 
 from __future__ import annotations
 
 from experiments.errors import log as _log
-from experiments.methods import CHAIN, HEAD, METHODS, PASS, SELF, TREE
+from experiments.methods import ADAPTIVE, CHAIN, HEAD, METHODS, PASS, SELF, TREE
+
+
+def chain_gammas(config, model: str) -> tuple[int, ...]:
+  """The draft lengths whose bare iterations a chain cost model (CHAIN: the draft pair; SELF:
+  the self-draft) needs measured: every gamma of a method of that model, and every positive
+  choice of an adaptive menu over such a base."""
+  gammas = set()
+  for m in config.methods:
+    if METHODS[m].cost_model == model:
+      gammas.update(int(g) for g in config.gammas)
+    if METHODS[m].cost_model == ADAPTIVE and METHODS[config.adaptive_method].cost_model == model:
+      gammas.update(int(k) for k in config.adaptive_choices if k > 0)
+  return tuple(sorted(gammas))
+
+
+def _draft_free_table(steps: dict) -> dict:
+  """The draft-free methods' ``CostTable`` (its ``to_dict``) from a measurement of target passes:
+  the passes alone, no draft step, no bare iterations (an iteration is one pass)."""
+  from specjax.costs import CostTable
+  table = dict(steps["table"], draft_step=0.0, iteration={}, head_step={})
+  return CostTable.from_dict(table).to_dict()
 
 
 def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths: list[int],
@@ -19,18 +41,21 @@ def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths
   from specjax.models.transformer import skip_layers
 
   def passes_of(*kinds):
-    return sorted({METHODS[s["method"]].pass_tokens(config, s) for s in settings
-                   if METHODS[s["method"]].cost_model in kinds} - {0})
+    widths = {METHODS[s["method"]].pass_tokens(config, s) for s in settings
+              if METHODS[s["method"]].cost_model in kinds}
+    for s in settings:  # an adaptive menu over a draft-free base: a pass per positive choice
+      if s.get("rule") and METHODS[s["base"]].cost_model in kinds:
+        widths.update(s["choices"])
+    return sorted(widths - {0})
 
   cost: dict = {}
   context = int(np.mean(prompt_lengths)) + int(config.max_new_tokens) // 2
   tree_nodes, passes = passes_of(TREE, HEAD), passes_of(PASS)
   heads = {m: models[METHODS[m].head] for m in config.methods if METHODS[m].head}
+  spec_gammas, self_gammas = chain_gammas(config, CHAIN), chain_gammas(config, SELF)
   cache_len = (max(prompt_lengths) + int(config.max_new_tokens)
-               + max([*tuple(config.gammas), *tree_nodes, 0]) + 2)
+               + max([*tuple(config.gammas), *tree_nodes, *spec_gammas, *self_gammas, 0]) + 2)
   if "draft" in models or heads:
-    spec_gammas = tuple(int(g) for g in config.gammas) if any(
-        METHODS[m].cost_model == CHAIN for m in config.methods) else ()
     # Verification passes over gamma + 1 tokens, over a tree's N + 1 (the mask does not change
     # the cost) and over the draft-free settings' 1 + N, all in one measurement.
     widths = tuple(sorted({1, *(g + 1 for g in spec_gammas), *(n + 1 for n in tree_nodes),
@@ -46,12 +71,11 @@ def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths
            f"{cost['draft_step_ms']:.3f} ms: c = {cost['cost_ratio']:.3f}")
     for name, c in (cost.get("head_cost_ratio") or {}).items():
       _log(f"[run]   {name} head step {cost['head_step_ms'][name]:.3f} ms: c = {c:.3f}")
-  if any(METHODS[m].cost_model == SELF for m in config.methods):  # the target, layers skipped
-    gammas = tuple(int(g) for g in config.gammas)
+  if self_gammas:  # the target, layers skipped
     view = skip_layers(models["target"], tuple(config.skip))
     cost["self_speculative"] = costs.measure_step_costs(
         {"target": models["target"], "draft": view}, batch, context, cache_len,
-        widths=(1,) + tuple(g + 1 for g in gammas), gammas=gammas)
+        widths=(1,) + tuple(g + 1 for g in self_gammas), gammas=self_gammas)
     _log(f"[run]   self-speculative draft (skip {list(config.skip)}): c = "
          f"{cost['self_speculative']['cost_ratio']:.3f}")
   if passes:
@@ -61,6 +85,8 @@ def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths
                                                    cache_len + max(passes),
                                                    widths=(1, *(n + 1 for n in passes))))
     steps = cost["draft_free"]
+    if any(s.get("rule") and METHODS[s["base"]].cost_model == PASS for s in settings):
+      steps["table"] = _draft_free_table(cost if "table" in cost else steps)
     _log("[run]   draft-free passes, in target steps: " + ", ".join(
         f"1 + {n} tokens {steps['target_verify_ms'][str(n)] / steps['target_step_ms']:.2f}"
         for n in passes))

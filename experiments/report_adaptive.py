@@ -1,0 +1,25 @@
+"""The report's adaptive settings (``sj.Adaptive``, runner method "adaptive"): their label in the
+speed table, and the histogram of the draft lengths each chose, as fractions per menu entry."""
+
+from __future__ import annotations
+
+
+def adaptive_label(e: dict) -> str:
+  """``adaptive cost (speculative 0..6)``: the rule, the base method and the menu's range."""
+  choices = list(e.get("choices") or [e.get("gamma")])
+  return f"adaptive {e['rule']} ({e.get('base')} {choices[0]}..{choices[-1]})"
+
+
+def choice_lines(results: dict) -> list[str]:
+  """One line per adaptive setting: the share of loop iterations that ran each menu entry."""
+  out = []
+  for e in results.get("settings", []):
+    counts = e.get("choice_counts")
+    if not e.get("rule") or not counts:
+      continue
+    total = sum(counts) or 1
+    shares = ", ".join(f"{k}: {n / total:.2f}" for k, n in zip(e["choices"], counts))
+    mesh = f" mesh={e['mesh']}" if e.get("mesh") else ""
+    out.append(f"- {adaptive_label(e)}{mesh} T={e['temperature']:g}: {shares} "
+               f"({sum(counts)} iterations)")
+  return out

@@ -1,0 +1,151 @@
+"""The runner's method "adaptive" (``sj.Adaptive``, issue 30): one setting per rule on the tiny
+random pair, the histogram of choices and the cost tables in results.json, the greedy check, the
+report's rows and histogram section, the draft-free and self-draft tables, and its config
+errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import re
+import tempfile
+
+from absl.testing import absltest, parameterized
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _tiny(arg: str):
+  spec = importlib.util.spec_from_file_location("cfg_tiny", REPO / "configs" / "tiny.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+class AdaptiveRunTest(absltest.TestCase):
+  """One greedy run: autoregressive, a chain at gamma 2 and adaptive (all three rules, menu
+  0..2) on the tiny random target and draft."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    from experiments import run
+    cls.tmp = tempfile.TemporaryDirectory()
+    config = _tiny("methods=autoregressive/speculative/adaptive,gammas=2,adaptive_choices=0/1/2,"
+                   "temperature=0,repeats=1,n=8,batch=2,num_prompts=2,plots=false,"
+                   "progress=false")
+    config.output_dir = cls.tmp.name
+    cls.results = run.run_experiment(config)
+    cls.saved = json.loads(pathlib.Path(cls.tmp.name, "results.json").read_text())
+    cls.md = pathlib.Path(cls.tmp.name, "report.md").read_text()
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.tmp.cleanup()
+    super().tearDownClass()
+
+  def rows(self, results=None):
+    return [e for e in (results or self.results)["settings"] if e["method"] == "adaptive"]
+
+  def test_rows_carry_the_histogram_and_the_table(self):
+    from specjax import costs
+    saved = self.rows(self.saved)
+    self.assertEqual([e["rule"] for e in saved], ["cost", "schedule", "confidence"])
+    self.assertEqual([e["choices"] for e in saved], [[0, 1, 2], [0, 1, 2], [1, 2]])
+    table = self.saved["cost"]["table"]  # the chain pair's measurement, every width the menu needs
+    self.assertEqual(sorted(table["iteration"]), ["1", "2"])
+    self.assertTrue({"1", "2", "3"} <= set(table["verify"]))
+    for e in saved:
+      self.assertEqual(e["gamma"], 2)  # the largest choice
+      self.assertEqual(e["base"], "speculative")
+      self.assertLen(e["choice_counts"], len(e["choices"]))
+      self.assertEqual(sum(e["choice_counts"]), e["iterations"])
+      self.assertEqual(e["cost_table"], table)
+      self.assertEqual(e["greedy_match"], 1.0)
+      model = costs.CostTable.from_dict(e["cost_table"])
+      cost = sum(n * model.chain_cost(k) for k, n in zip(e["choices"], e["choice_counts"]))
+      self.assertAlmostEqual(e["modelled_speedup"],
+                             e["new_tokens_per_row"] / (cost / e["calls"]), places=6)
+      self.assertAlmostEqual(e["speedup"], e["measured_over_modelled"] * e["modelled_speedup"],
+                             places=6)
+    for e in self.saved["settings"]:
+      if e["method"] != "adaptive":
+        self.assertNotIn("choice_counts", e)  # fixed methods: an empty histogram, not shown
+
+  def test_report(self):
+    from experiments import report
+    text = report.format_table(self.results)
+    for label in ("adaptive cost (speculative 0..2)", "adaptive schedule (speculative 0..2)",
+                  "adaptive confidence (speculative 1..2)"):
+      self.assertIn(label, text)
+      self.assertIn(label, self.md)
+    self.assertIn("adaptive choices (share of iterations per draft length):", text)
+    self.assertIn("## Adaptive choices", self.md)
+    e = self.rows()[0]
+    shares = ", ".join(f"{k}: {n / sum(e['choice_counts']):.2f}"
+                       for k, n in zip(e["choices"], e["choice_counts"]))
+    self.assertIn(f"- adaptive cost (speculative 0..2) T=0: {shares}", self.md)
+    self.assertIn("speculative == autoregressive: yes, token for token",
+                  report.format_samples(self.results))
+    reloaded = report.load_results(str(pathlib.Path(self.tmp.name, "results.json")))
+    self.assertIn("adaptive cost (speculative 0..2)", report.format_table(reloaded))
+
+
+class AdaptiveCostsTest(parameterized.TestCase):
+  """Each base's table holds every pass its menu needs, and the entry builds ``sj.Adaptive``
+  with it (measured on the tiny random target, no decoding)."""
+
+  @parameterized.parameters(("prompt_lookup", "draft_free"), ("jacobi", "draft_free"),
+                            ("self_speculative", "self_speculative"))
+  def test_table_per_base(self, base, where):
+    import specjax as sj
+    from experiments import methods, random_models, run, runconfig
+    from experiments.timing import measure_run_costs
+    target, _ = random_models.random_pair(seed=0)
+    config = _tiny(f"methods=adaptive,adaptive_method={base},adaptive_choices=0/1/3,"
+                   f"adaptive_rules=cost/schedule,skip=1,temperature=0,batch=2")
+    runconfig.validate(config)
+    settings = run.make_settings(config)
+    cost = measure_run_costs(config, {"target": target}, settings, [8, 10], 2)
+    table = sj.CostTable.from_dict(methods.adaptive_table(cost, base))
+    self.assertEqual(table.to_dict(), cost[where]["table"])
+    for k in (0, 1, 3):
+      self.assertGreater(table.chain_cost(k), 0)  # every choice costed (a missing pass raises)
+    self.assertEqual(table.draft_step == 0.0, where == "draft_free")
+    for s in settings:
+      method = methods.METHODS["adaptive"].build(config, dict(s, cost_table=table.to_dict()),
+                                                 {"target": target})
+      self.assertIsInstance(method, sj.Adaptive)
+      self.assertEqual((method.rule, method.choices, method.gamma), (s["rule"], (0, 1, 3), 3))
+
+
+class AdaptiveConfigTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("bad_rule", "adaptive_rules=cost/greedy", "unknown rule 'greedy'"),
+      ("rule_twice", "adaptive_rules=cost/cost", "adaptive_rules lists a rule twice"),
+      ("confidence_without_a_draft", "adaptive_method=prompt_lookup",
+       "adaptive rule 'confidence' stops a draft model by its own probabilities; adaptive_method "
+       "'prompt_lookup' has none"),
+      ("bad_base", "adaptive_method=tree", "adaptive_method must be one of"),
+      ("decreasing_choices", "adaptive_choices=0/3/2", "increasing without repeats, got [0, 3, 2]"),
+      ("negative_choice", "adaptive_choices=-1/2", "integers >= 0 (0: plain decoding), got [-1, 2]"),
+      ("no_draft_length", "adaptive_choices=0", "a draft length >= 1, got [0]"),
+      ("bad_decay", "adaptive_decay=0", "adaptive_decay must be a number in (0, 1], got 0.0"),
+      ("bad_threshold", "adaptive_threshold=1.5", "adaptive_threshold must be a number in [0, 1]"))
+  def test_error(self, arg, message):
+    from experiments import runconfig
+    config = _tiny(f"methods=autoregressive/adaptive,{arg}")
+    with self.assertRaisesRegex(runconfig.ConfigError, re.escape(message)):
+      runconfig.validate(config)
+
+  def test_draft_roles(self):
+    from experiments import resolve
+    self.assertTrue(resolve.needs_draft(_tiny("methods=adaptive")))
+    self.assertFalse(resolve.needs_draft(_tiny("methods=adaptive,adaptive_method=jacobi,"
+                                               "adaptive_rules=cost")))
+
+
+if __name__ == "__main__":
+  absltest.main()
