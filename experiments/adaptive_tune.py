@@ -20,6 +20,7 @@ CPU; the runner's ``configs/adaptive.py`` times them with repeats).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -104,10 +105,8 @@ def main(argv):
   for rule in ("schedule", "confidence"):
     settings.append(dict(rule=rule))
   for kwargs in settings:
-    import dataclasses
-    method = dataclasses.replace(default, **kwargs)
-    if kwargs.get("rule") == "confidence":
-      method = dataclasses.replace(method, choices=tuple(range(1, max(choices) + 1)))
+    menu = tuple(range(1, max(choices) + 1)) if kwargs.get("rule") == "confidence" else choices
+    method = dataclasses.replace(default, choices=menu, **kwargs)
     out, s = run_one(target, prompts, method, FLAGS.max_new_tokens, eos)
     name = "adaptive " + " ".join(f"{k}={v}" for k, v in kwargs.items())
     show(name, out, s, modelled(out.stats, table, method.choices))

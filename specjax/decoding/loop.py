@@ -261,13 +261,35 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
     def body(state: LoopState) -> LoopState:
       return iteration(0, proposer, _step_keys(row_keys, state.step, num + 1), state)
   else:
-    def body(state: LoopState) -> LoopState:
+    def choose(state: LoopState):
+      """(menu index, the iteration's keys, state) of the coming iteration."""
       keys = _step_keys(row_keys, state.step, num + 1)  # num: the largest entry's
       index, proposer_state = proposer.choose(proposer_params, state.proposer, state.pending,
                                               keys[:, 1:], sampling, ~state.done)
+      return index, keys, state.replace(proposer=proposer_state)
+
+    def chosen(index, keys, state: LoopState) -> LoopState:
       return run_choice(index, [
           functools.partial(iteration, i, variant, keys[:, :1 + variant.num_candidates])
-          for i, variant in enumerate(menu)], state.replace(proposer=proposer_state))
+          for i, variant in enumerate(menu)], state)
+
+    if menu[0].num_candidates:
+      def body(state: LoopState) -> LoopState:
+        return chosen(*choose(state))
+    else:
+      def body(state: LoopState) -> LoopState:
+        """Plain decoding (entry 0) runs in a loop of its own for as long as it is chosen: no
+        conditional per plain token, and so none of the cache copies one brings (measured on
+        SmolLM2: 4-7% over autoregressive decoding when every iteration went through the
+        switch)."""
+        def plain(carry):
+          _, keys, state = carry
+          return choose(iteration(0, menu[0], keys[:, :1], state))
+
+        index, keys, state = jax.lax.while_loop(
+            lambda carry: (carry[0] == 0) & ~jnp.all(carry[2].done), plain, choose(state))
+        return jax.lax.cond(jnp.all(state.done), lambda: state,
+                            lambda: chosen(index, keys, state))
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   result = state.out[:, :max_new_tokens], state.stats.generated, state.stats
