@@ -45,7 +45,10 @@ flags.DEFINE_string("costs_out", "", "where to save the measured sj.CostTable")
 def modelled(stats, table, choices) -> float:
   """Tokens per target step under ``table`` for a run's ``DecodeStats`` (prefill left out)."""
   counts = np.asarray(stats.choice_counts)
-  cost = sum(int(n) * table.chain_cost(k) for n, k in zip(counts, choices))
+  try:
+    cost = sum(int(n) * table.chain_cost(k) for n, k in zip(counts, choices) if n)
+  except ValueError:  # a length the table has no pass for (a loaded table, another menu)
+    return float("nan")
   return (float(np.sum(stats.generated)) - len(stats.generated)) / cost
 
 
