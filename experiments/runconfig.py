@@ -127,7 +127,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.adaptive_choices = (0, 1, 2, 3, 4, 6)
   c.adaptive_rules = ADAPTIVE_RULES
   c.adaptive_decay = 0.3
-  c.adaptive_prior = 0.6
+  c.adaptive_prior = 0.45
   c.adaptive_forget = 0.05
   c.adaptive_threshold = 0.4
   c.max_ngram = 3  # prompt_lookup: the longest n-gram looked up in the row's own text

@@ -401,7 +401,7 @@ class Adaptive:
   costs: Any = None
   rule: str = "cost"
   decay: float = 0.3
-  prior: float = 0.6
+  prior: float = 0.45  # experiments/adaptive_tune.py on SmolLM2 code edits: docs/benchmarks.md
   forget: float = 0.05
   threshold: float = 0.4
   name = "adaptive"
