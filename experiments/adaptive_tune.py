@@ -44,9 +44,8 @@ flags.DEFINE_string("costs_out", "", "where to save the measured sj.CostTable")
 
 def modelled(stats, table, choices) -> float:
   """Tokens per target step under ``table`` for a run's ``DecodeStats`` (prefill left out)."""
-  counts = np.asarray(stats.choice_counts)
   try:
-    cost = sum(int(n) * table.chain_cost(k) for n, k in zip(counts, choices) if n)
+    cost = table.menu_cost(choices, np.asarray(stats.choice_counts))
   except ValueError:  # a length the table has no pass for (a loaded table, another menu)
     return float("nan")
   return (float(np.sum(stats.generated)) - len(stats.generated)) / cost

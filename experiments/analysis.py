@@ -124,8 +124,7 @@ def _adaptive_model(e: dict, base: dict | None) -> None:
   if not counts or not table or not e.get("calls"):
     return
   try:
-    model = costs.CostTable.from_dict(table)
-    cost = sum(n * model.chain_cost(k) for k, n in zip(e["choices"], counts) if n)
+    cost = costs.CostTable.from_dict(table).menu_cost(e["choices"], counts)
   except ValueError:  # a pass the table lacks (a choice never measured): no model
     return
   e["iteration_cost"] = cost / max(sum(counts), 1)

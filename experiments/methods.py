@@ -191,7 +191,7 @@ def _hf_assisted(config, s: dict, models: dict) -> dict:
 # ``adaptive_choices`` of draft lengths of the base method ``adaptive_method``.
 ADAPTIVE_SWEEP = "adaptive_rules"
 ADAPTIVE_BASES = ("speculative", "self_speculative", "prompt_lookup", "jacobi")
-ADAPTIVE_RULES = ("cost", "schedule", "confidence")  # specjax.proposers.adaptive.RULES
+ADAPTIVE_RULES = options.ADAPTIVE_RULES
 DRAFT_MODEL_BASES = ("speculative", "self_speculative")  # the confidence rule's: a draft's law
 
 

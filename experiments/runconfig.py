@@ -432,14 +432,12 @@ def _check_adaptive(config) -> None:
   if config.adaptive_method not in ADAPTIVE_BASES:
     raise ConfigError(f"adaptive_method must be one of {', '.join(ADAPTIVE_BASES)}, got "
                       f"{config.adaptive_method!r}")
-  menu = tuple(config.adaptive_choices)
-  if not menu or not all(_is_int(k) and k >= 0 for k in menu):
-    raise ConfigError(f"adaptive_choices must be integers >= 0 (0: plain decoding), got "
-                      f"{list(menu)}")
-  if list(menu) != sorted(set(menu)):
-    raise ConfigError(f"adaptive_choices must be increasing without repeats, got {list(menu)}")
-  if menu[-1] < 1:
-    raise ConfigError(f"adaptive_choices must include a draft length >= 1, got {list(menu)}")
+  try:  # sj.Adaptive's own checks (specjax.options: no JAX), under the config's field names
+    options.check_adaptive_menu(list(config.adaptive_choices), "adaptive_choices")
+    for name in ("adaptive_decay", "adaptive_prior", "adaptive_forget", "adaptive_threshold"):
+      options.check_unit_number(config[name], name, open_at_zero=name == "adaptive_decay")
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   rules = tuple(config.adaptive_rules)
   if not rules:
     raise ConfigError(f"adaptive_rules is empty; give at least one of {', '.join(ADAPTIVE_RULES)}")
@@ -453,12 +451,6 @@ def _check_adaptive(config) -> None:
     raise ConfigError(f"adaptive rule 'confidence' stops a draft model by its own probabilities; "
                       f"adaptive_method {config.adaptive_method!r} has none (use "
                       f"{' or '.join(DRAFT_MODEL_BASES)}, or drop the rule)")
-  for name in ("adaptive_decay", "adaptive_prior", "adaptive_forget", "adaptive_threshold"):
-    value = config[name]
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
-    if not ok or (name == "adaptive_decay" and value == 0):
-      raise ConfigError(f"{name} must be a number in {'(0' if name == 'adaptive_decay' else '[0'}"
-                        f", 1], got {value!r}")
 
 
 def datastore_vocab(path: str) -> int:

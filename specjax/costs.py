@@ -131,6 +131,12 @@ class CostTable:
       return self.iteration[gamma]
     return gamma * self.draft_step + self.pass_cost(gamma + 1)
 
+  def menu_cost(self, choices, counts) -> float:
+    """What iterations cost in target steps when ``counts[i]`` of them drafted ``choices[i]``
+    tokens (an ``sj.Adaptive`` run's ``DecodeStats.choice_counts``): ``sum_i counts_i
+    chain_cost(choices_i)``; a length never chosen needs no pass in the table."""
+    return sum(int(n) * self.chain_cost(int(k)) for k, n in zip(choices, counts) if n)
+
   def to_dict(self) -> dict:
     """A JSON-able dict (int keys as strings), tagged with the format."""
     return {"format": FORMAT, "verify": {str(k): v for k, v in self.verify.items()},

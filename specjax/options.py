@@ -5,6 +5,8 @@ config is refused in well under a second; the library modules that take the opti
 from here. Nothing in this module may import jax (``specjax/__init__.py`` is lazy for this).
 """
 
+import numbers
+
 # How a static draft tree's children are drawn (``sj.TreeSpeculative(children=)``,
 # ``specjax.proposers.draft_tree``): without replacement from the draft's law, its top-k, or
 # i.i.d. with replacement.
@@ -13,3 +15,30 @@ TREE_CHILDREN = ("sampled", "top_k", "iid")
 # How a draft model is placed on a mesh (``sj.generate(draft_sharding=)``, ``specjax.sharding``):
 # split by the target's partition rules, or replicated on every device.
 DRAFT_SHARDINGS = ("rules", "replicated")
+
+# ``sj.Adaptive``'s rules (``specjax.proposers.adaptive``): the measured cost model, Hugging
+# Face's +2/-1 schedule, the draft-confidence stop.
+ADAPTIVE_RULES = ("cost", "schedule", "confidence")
+
+
+def check_adaptive_menu(choices, field: str = "choices") -> None:
+  """A menu of draft lengths (``sj.Adaptive(choices=)``, the runner's ``adaptive_choices``):
+  integers >= 0, increasing, at least one >= 1; else a one-line ValueError naming ``field``
+  and the value as given."""
+  menu = list(choices)
+  if not menu or not all(isinstance(k, numbers.Integral) and not isinstance(k, bool) and k >= 0
+                         for k in menu):
+    raise ValueError(f"{field} must be integers >= 0 (0: plain decoding), got {choices!r}")
+  if menu != sorted(set(menu)):
+    raise ValueError(f"{field} must be increasing without repeats, got {choices!r}")
+  if menu[-1] < 1:
+    raise ValueError(f"{field} must include a draft length >= 1, got {choices!r}")
+
+
+def check_unit_number(value, field: str, open_at_zero: bool = False) -> None:
+  """A number in [0, 1] (``(0, 1]`` with ``open_at_zero``): ``sj.Adaptive``'s decay, prior,
+  forget and threshold; else a one-line ValueError naming ``field`` and the value."""
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+  if not ok or (open_at_zero and value == 0):
+    raise ValueError(f"{field} must be a number in {'(0' if open_at_zero else '[0'}, 1], got "
+                     f"{value!r}")

@@ -37,13 +37,13 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from specjax import options
 from specjax.proposers.base import CHAIN, Candidates
 from specjax.proposers.draft_chain import GammaChain
 from specjax.proposers.draft_free import TokenHistory
 
-RULES = ("cost", "schedule", "confidence")
+RULES = options.ADAPTIVE_RULES
 
 
 @flax.struct.dataclass
@@ -220,20 +220,15 @@ class MenuEntry(GammaChain):
 
 
 def check_menu(choices, rule: str) -> tuple[int, ...]:
-  """The menu as a sorted tuple, or a one-line ValueError naming what is wrong."""
+  """The menu as a tuple (``options.check_adaptive_menu``'s checks, and the confidence rule's
+  every length up to the largest), or a one-line ValueError naming what is wrong."""
   if rule not in RULES:
     raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
   try:
     menu = tuple(choices)
   except TypeError:
     raise ValueError(f"choices must be a sequence of draft lengths, got {choices!r}") from None
-  if not menu or any(not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 0
-                     for k in menu):
-    raise ValueError(f"choices must be integers >= 0 (0: plain decoding), got {choices!r}")
-  if len(set(menu)) != len(menu) or list(menu) != sorted(menu):
-    raise ValueError(f"choices must be increasing without repeats, got {choices!r}")
-  if menu[-1] < 1:
-    raise ValueError(f"choices must include a draft length >= 1, got {choices!r}")
+  options.check_adaptive_menu(choices)
   if rule == "confidence" and not set(range(1, menu[-1] + 1)) <= set(menu):
     raise ValueError(f"the confidence rule stops the draft at any length up to the largest "
                      f"choice, so choices must include 1..{menu[-1]}, got {choices!r}")
@@ -242,12 +237,9 @@ def check_menu(choices, rule: str) -> tuple[int, ...]:
 
 def check_settings(decay, prior, forget, threshold) -> None:
   """The estimator's and the confidence rule's numbers, or a one-line ValueError."""
-  for field, value in (("decay", decay), ("prior", prior), ("forget", forget),
-                       ("threshold", threshold)):
-    low = "(0" if field == "decay" else "[0"
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
-        0.0 <= value <= 1.0) or (field == "decay" and value == 0.0):
-      raise ValueError(f"{field} must be a number in {low}, 1], got {value!r}")
+  options.check_unit_number(decay, "decay", open_at_zero=True)
+  for field, value in (("prior", prior), ("forget", forget), ("threshold", threshold)):
+    options.check_unit_number(value, field)
 
 
 def menu_costs(costs, choices: tuple[int, ...], rule: str) -> tuple[float, ...]:
