@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import itertools
 from typing import Iterable, Sequence
 
@@ -96,6 +97,42 @@ class Tree:
     """Every node has ``branching`` children, down to ``depth`` (sum of branching^d nodes)."""
     _check_positive(depth=depth, branching=branching)
     paths = [p for d in range(1, depth + 1) for p in itertools.product(range(branching), repeat=d)]
+    return cls.from_paths(paths)
+
+  @classmethod
+  def medusa(cls, name: str = "mc_sim_7b_63") -> "Tree":
+    """One of Medusa's released trees (``specjax.tree_presets.MEDUSA_TREES``: 63 nodes, depth
+    4), e.g. ``"mc_sim_7b_63"`` (the repository's default) or ``"vicuna_7b_stage2"``."""
+    from specjax.tree_presets import MEDUSA_TREES
+    if name not in MEDUSA_TREES:
+      raise ValueError(f"unknown Medusa tree {name!r}; known: {', '.join(MEDUSA_TREES)}")
+    return cls.from_paths(MEDUSA_TREES[name])
+
+  @classmethod
+  def from_accuracies(cls, accuracies, num_nodes: int) -> "Tree":
+    """The Medusa paper's greedy tree (Cai et al. 2024, arXiv 2401.10774, §3.3.2): with
+    ``accuracies[k][r]`` the measured probability that head ``k``'s rank-``r`` candidate is the
+    right token (float[K, R]), a node's value is the product of its path's accuracies (its
+    chance of being accepted, heads taken as independent); nodes join in order of value, each
+    joining the tree it extends, until there are ``num_nodes``. Ties: the shorter, then the
+    lexicographically smaller path."""
+    acc = np.asarray(accuracies, np.float64)
+    if acc.ndim != 2 or acc.size == 0 or not np.all((acc >= 0) & (acc <= 1)):
+      raise ValueError(f"accuracies must be a [heads, ranks] array of probabilities in [0, 1], "
+                       f"got shape {acc.shape}")
+    _check_positive(num_nodes=num_nodes)
+    heads, ranks = acc.shape
+    if num_nodes > sum(ranks ** d for d in range(1, heads + 1)):
+      raise ValueError(f"num_nodes {num_nodes} exceeds the {heads} heads' full tree of top-{ranks}")
+    frontier = [(-acc[0, r], 1, (r,)) for r in range(ranks)]
+    heapq.heapify(frontier)
+    paths = []
+    while len(paths) < num_nodes:
+      value, depth, path = heapq.heappop(frontier)
+      paths.append(path)
+      if depth < heads:
+        for r in range(ranks):
+          heapq.heappush(frontier, (value * acc[depth, r], depth + 1, path + (r,)))
     return cls.from_paths(paths)
 
   @classmethod

@@ -25,6 +25,8 @@ from specjax.models.kv_cache import KVCache, compact_path, init_cache
 from specjax.models.transformer import FEATURE_AXES
 from specjax.proposers import base
 from specjax.proposers.base import CHAIN, TREE, Candidates, Outcome
+from specjax.trees import Tree
+from specjax.verify.typical import typical_tree
 
 
 @flax.struct.dataclass
@@ -79,6 +81,15 @@ def _verify(keys: jax.Array, logits: jax.Array, candidates: Candidates, sampling
   Applied row by row (``verify`` functions take one row)."""
   drafts = candidates.tokens
   num = drafts.shape[1]
+  if candidates.typical is not None and not sampling.is_greedy and num:  # lossy, opt-in
+    if candidates.row_trees is not None:
+      raise NotImplementedError("typical acceptance needs a static tree or a chain")
+    tree = Tree.chains(num=1, depth=num) if candidates.kind == CHAIN else candidates.tree
+    p = sampling_lib.probabilities(logits, sampling)
+    out = jax.vmap(lambda key, p, tokens: typical_tree(key, p, tokens, tree, candidates.typical))(
+        keys, p, drafts)
+    return Verdict(path=out.path, num_accepted=out.num_accepted, next_token=out.next_token,
+                   accept_prob=None)
   if candidates.kind == TREE:
     tree = candidates.structure
     depth = tree.max_depth
@@ -191,7 +202,9 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
   extra = {} if hidden is None else {"features": hidden}
   proposer_state = proposer.prefill(proposer_params, prompt, prompt_lengths, cache_length, **extra)
   menu = base.menu(proposer)
-  stats = DecodeStats.zeros(batch, depth, 0 if menu is None else len(menu)).replace(
+  typical = getattr(proposer, "typical", None)  # a lossy verifier, labelled in the stats
+  verifier = "exact" if typical is None or sampling.is_greedy else typical.label
+  stats = DecodeStats.zeros(batch, depth, 0 if menu is None else len(menu), verifier).replace(
       target_calls=jnp.int32(1), row_target_calls=jnp.ones((batch,), jnp.int32),
       draft_calls=jnp.int32(proposer.prefill_draft_calls))
   state = LoopState(target_cache=cache, proposer=proposer_state, pending=first,

@@ -20,9 +20,6 @@ from typing import Any
 
 from flax import nnx
 
-from specjax.heads.eagle import EagleHead
-from specjax.heads.eagle3 import Eagle3Head
-from specjax.heads.layout import check_head
 from specjax.models.transformer import (Transformer, check_context, check_model, check_skip,
                                         skip_layers)
 from specjax.proposers import adaptive as adaptive_lib
@@ -31,7 +28,6 @@ from specjax.proposers.base import NoProposer
 from specjax.proposers.draft_chain import DraftChain
 from specjax.proposers.draft_tree import CHILDREN, DraftTree
 from specjax.proposers.dynamic_tree import DraftDynamicTree
-from specjax.proposers.eagle import EagleChain, EagleDynamicTree, EagleTree
 from specjax.proposers.jacobi import JacobiProposer
 from specjax.proposers.lookahead import LookaheadProposer
 from specjax.proposers.prompt_lookup import PromptLookupProposer
@@ -316,67 +312,6 @@ class Lookahead:
     del target
     return LookaheadProposer(window=self.window, ngram=self.ngram, guesses=self.guesses,
                              pool_size=self.pool_size), None
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Eagle:
-  """EAGLE (Li et al. 2024, arXiv 2401.15077; EAGLE-2 trees, arXiv 2406.16858): a small head
-  drafts on the target's own features (its last hidden state after the final norm), the
-  target's LM head turning its guesses into draft logits.
-
-  ``gamma``: a chain of that many drafts (default 4), verified by the exact chain rule
-  (ALGORITHMS.md §1-3: drafts sampled from the head's warped law at T > 0, greedy drafts matched
-  at T = 0); or ``tree``: a static ``sj.Tree`` whose ``children`` are ``"sampled"`` (default:
-  without replacement from the head's warped law, the recursive rule §5), ``"top_k"`` (one-hot
-  rule §4) or ``"iid"``, or an ``sj.DynamicTree`` (EAGLE-2: the head's top-k, reranked per row
-  by confidence; one-hot rule). ``head``: an EAGLE-1/2 ``specjax.heads.eagle.EagleHead`` or an
-  EAGLE-3 ``specjax.heads.eagle3.Eagle3Head`` (Li et al. 2025, arXiv 2503.01840: fused low/middle/
-  high target features, its own reduced-vocabulary LM head, its q exactly 0 outside that
-  vocabulary), e.g. from ``sj.load_head``. The target must be an ``sj.Transformer`` whose hidden
-  size and vocabulary the head shares.
-  """
-
-  head: EagleHead | Eagle3Head
-  gamma: int | None = None
-  tree: Tree | DynamicTree | None = None
-  children: str | None = None  # None: "sampled" for a static tree, "top_k" for a dynamic one
-  name = "eagle"
-
-  def __post_init__(self):
-    if not isinstance(self.head, (EagleHead, Eagle3Head)):
-      raise ValueError(f"head must be an EAGLE-1/2 or EAGLE-3 head (sj.load_head), got "
-                       f"{type(self.head).__name__}")
-    if self.tree is None:
-      object.__setattr__(self, "gamma", 4 if self.gamma is None else self.gamma)
-      check_count(self.gamma, "gamma", "drafts per iteration")
-      return
-    if self.gamma is not None:
-      raise ValueError(f"give gamma (a chain) or tree, not both: gamma={self.gamma!r}")
-    object.__setattr__(self, "children", tree_children(self.tree, self.children, "head"))
-    object.__setattr__(self, "gamma", self.tree.max_depth)  # the most accepted per iteration
-
-  def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
-    del width, max_new_tokens, what  # the head's cache is sized like the target's
-    if not isinstance(target, Transformer):
-      raise ValueError(f"EAGLE drafts on an sj.Transformer target's features, got "
-                       f"{type(target).__name__}")
-    check_head(self.head, target)
-    check_guesses(self.gamma, "gamma", target)
-    if self.tree is not None:
-      check_ranks(self.tree, target.config.vocab_size)
-
-  def proposer(self, target: Transformer):
-    head_graphdef, head_state = nnx.split(self.head)
-    target_graphdef, target_state = nnx.split(target)
-    graphs = dict(head_graphdef=head_graphdef, target_graphdef=target_graphdef,
-                  features=self.head.target_features(target.config))
-    if self.tree is None:
-      proposer = EagleChain(**graphs, gamma=self.gamma)
-    elif isinstance(self.tree, DynamicTree):
-      proposer = EagleDynamicTree(**graphs, spec=self.tree)
-    else:
-      proposer = EagleTree(**graphs, tree=self.tree, children=self.children)
-    return proposer, (head_state, target_state)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

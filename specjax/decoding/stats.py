@@ -38,15 +38,20 @@ class DecodeStats:
   # int32[K] iterations that ran menu entry k of an adaptive method (``sj.Adaptive``; K = 0
   # for a fixed method).
   choice_counts: jax.Array
+  # "exact" for every lossless method; a lossy verifier's label (Medusa's typical acceptance at
+  # T > 0: ``specjax.verify.typical``) otherwise, so no report mistakes its run for a lossless one.
+  verifier: str = flax.struct.field(pytree_node=False, default="exact")
 
   @classmethod
-  def zeros(cls, batch: int, gamma: int, choices: int = 0) -> "DecodeStats":
+  def zeros(cls, batch: int, gamma: int, choices: int = 0,
+            verifier: str = "exact") -> "DecodeStats":
     zi = lambda *s: jnp.zeros(s, jnp.int32)
     return cls(target_calls=zi(), draft_calls=zi(), row_target_calls=zi(batch),
                generated=zi(batch), proposed=zi(batch), accepted=zi(batch),
                accepted_per_position=zi(gamma), proposed_per_position=zi(gamma),
                accepted_length_counts=zi(gamma + 1),
-               alpha_sum=jnp.zeros((), jnp.float32), alpha_count=zi(), choice_counts=zi(choices))
+               alpha_sum=jnp.zeros((), jnp.float32), alpha_count=zi(), choice_counts=zi(choices),
+               verifier=verifier)
 
   @property
   def acceptance_rate(self) -> float:
@@ -96,4 +101,5 @@ class DecodeStats:
                 nodes_per_call=self.nodes_per_call, expected_alpha=self.expected_alpha,
                 acceptance_by_position=[float(x) for x in self.acceptance_by_position],
                 accepted_length_counts=[int(x) for x in np.asarray(self.accepted_length_counts)],
-                choice_counts=[int(x) for x in np.asarray(self.choice_counts)])
+                choice_counts=[int(x) for x in np.asarray(self.choice_counts)],
+                verifier=self.verifier, lossless=self.verifier == "exact")

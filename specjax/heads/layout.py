@@ -1,5 +1,5 @@
-"""EAGLE heads on disk in the EAGLE repository's published layouts, both ways: ``sj.load_head``
-/ ``sj.save_head``. One table mechanism (``hf_layout.fill_from_hf`` / ``_iter_hf_tensors``) for
+"""Heads on disk in their published layouts, both ways: ``sj.load_head`` / ``sj.save_head``.
+Medusa's layout lives with its heads (``specjax.heads.medusa``); EAGLE's, below. One table mechanism (``hf_layout.fill_from_hf`` / ``_iter_hf_tensors``) for
 both kinds of head; ``load_head`` tells them apart by the file.
 
 A head directory holds ``config.json`` (a Llama config of the head: the target's sizes,
@@ -50,6 +50,7 @@ from flax import nnx
 
 from specjax.heads.eagle import EagleHead
 from specjax.heads.eagle3 import Eagle3Head
+from specjax.heads.medusa import MEDUSA_FILE, MedusaHead, is_medusa_config, load_medusa, medusa_files
 from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
 from specjax.models.hf_layout import (COPY, TRANSPOSE, Entry, _iter_hf_tensors, _SafetensorsReader,
                                       fill_from_hf, linear, llama_layer)
@@ -82,8 +83,9 @@ def eagle3_layout(config: ModelConfig) -> list[Entry]:
           + [norm("norm.weight", "norm"), Entry("lm_head.weight", TRANSPOSE, (("lm_head",),))])
 
 
-def _read_tensors(path: str) -> dict:
-  safetensors = os.path.join(path, SAFETENSORS_NAME)
+def _read_tensors(path: str, safetensors_name: str = SAFETENSORS_NAME,
+                  bin_name: str = BIN_NAME) -> dict:
+  safetensors = os.path.join(path, safetensors_name)
   if os.path.isfile(safetensors):
     with _SafetensorsReader([safetensors]) as reader:
       tensors = {name: reader[name] for name in reader if name not in _VOCAB_MAPS}
@@ -91,29 +93,35 @@ def _read_tensors(path: str) -> dict:
     with safe_open(safetensors, "numpy") as f:  # jax would narrow int64 to int32
       tensors.update({name: f.get_tensor(name) for name in _VOCAB_MAPS if name in f.keys()})
     return tensors
-  pickled = os.path.join(path, BIN_NAME)
+  pickled = os.path.join(path, bin_name)
   if not os.path.isfile(pickled):
-    raise FileNotFoundError(f"no head weights in {path}: neither {SAFETENSORS_NAME} nor "
-                            f"{BIN_NAME} exists")
+    raise FileNotFoundError(f"no head weights in {path}: neither {safetensors_name} nor "
+                            f"{bin_name} exists")
   try:
     import torch
   except ImportError:
     raise ValueError(f"reading {pickled} needs torch (torch.load(weights_only=True)); install "
-                     f"torch or convert the file to {SAFETENSORS_NAME}") from None
+                     f"torch or convert the file to {safetensors_name}") from None
   state = torch.load(pickled, map_location="cpu", weights_only=True)
   return {name: t.numpy() if not t.is_floating_point() else jnp.asarray(t.float().numpy())
           for name, t in state.items()}
 
 
-def load_head(path: str | os.PathLike, dtype: str | None = None) -> EagleHead | Eagle3Head:
-  """The EAGLE-1/2 or EAGLE-3 head in directory ``path`` (the published layouts above)."""
+def load_head(path: str | os.PathLike, dtype: str | None = None
+              ) -> EagleHead | Eagle3Head | MedusaHead:
+  """The EAGLE-1/2, EAGLE-3 or Medusa head(s) in directory ``path`` (the published layouts
+  above; Medusa's: ``specjax.heads.medusa``), told apart by config.json and the tensors."""
   path = os.fspath(path)
   config_file = os.path.join(path, CONFIG_NAME)
   if not os.path.isfile(config_file):
-    raise FileNotFoundError(f"no {CONFIG_NAME} in {path}: an EAGLE head directory holds "
-                            f"{CONFIG_NAME} and {SAFETENSORS_NAME} or {BIN_NAME}")
+    raise FileNotFoundError(f"no {CONFIG_NAME} in {path}: a head directory holds {CONFIG_NAME} "
+                            f"and {SAFETENSORS_NAME} or {BIN_NAME} ({MEDUSA_FILE}.safetensors or "
+                            f".pt for Medusa heads)")
   with open(config_file) as f:
     hf = json.load(f)
+  if is_medusa_config(hf):
+    tensors = _read_tensors(path, f"{MEDUSA_FILE}.safetensors", f"{MEDUSA_FILE}.pt")
+    return load_medusa(hf, tensors, path, dtype)
   config = from_hf_dict({"model_type": "llama", **hf}, dtype=dtype)
   if hf.get("qkv_bias"):
     config = dataclasses.replace(config, attention_bias=True, attention_out_bias=False)
@@ -226,16 +234,21 @@ def _feature_layers(hf: dict, path: str) -> tuple[int, ...] | None:
   return ours
 
 
-def save_head(head: EagleHead | Eagle3Head, path: str | os.PathLike, target=None) -> None:
-  """Writes ``head`` in its published layout (``config.json``, ``model.safetensors``), with
+def save_head(head: EagleHead | Eagle3Head | MedusaHead, path: str | os.PathLike,
+              target=None) -> None:
+  """Writes ``head`` in its published layout (``config.json``, and ``model.safetensors`` for
+  EAGLE heads, ``medusa_lm_head.safetensors`` for Medusa's), an EAGLE head with
   ``embed_tokens.weight`` from ``target`` when given, else the head's own if it has one (the
   repository's strict EAGLE-1 load wants it)."""
-  from safetensors.numpy import save_file
-
+  path = os.fspath(path)
+  if isinstance(head, MedusaHead):
+    hf, tensors = medusa_files(head)
+    _write_head(path, hf, tensors, f"{MEDUSA_FILE}.safetensors")
+    return
   config = head.config if isinstance(head, (EagleHead, Eagle3Head)) else None
   if config is None:
-    raise ValueError(f"head must be an EAGLE-1/2 or EAGLE-3 head, got {type(head).__name__}")
-  path = os.fspath(path)
+    raise ValueError(f"head must be an EAGLE-1/2, EAGLE-3 or Medusa head, got "
+                     f"{type(head).__name__}")
   qkv_bias = config.attention_bias and not config.attention_out_bias
   plain = dataclasses.replace(config, attention_bias=config.attention_bias and not qkv_bias)
   hf = dict(to_hf_dict(plain), qkv_bias=qkv_bias)
@@ -256,11 +269,17 @@ def save_head(head: EagleHead | Eagle3Head, path: str | os.PathLike, target=None
   embed = target.embed if target is not None else head.embed
   if embed is not None:
     tensors[EMBED_NAME] = np.asarray(embed.get_value())
+  _write_head(path, hf, tensors, SAFETENSORS_NAME)
+
+
+def _write_head(path: str, hf: dict, tensors: dict, file_name: str) -> None:
+  from safetensors.numpy import save_file
+
   os.makedirs(path, exist_ok=True)
   with open(os.path.join(path, CONFIG_NAME), "w") as f:
     json.dump(hf, f, indent=2, sort_keys=True)
     f.write("\n")
-  save_file(tensors, os.path.join(path, SAFETENSORS_NAME), metadata={"format": "pt"})
+  save_file(tensors, os.path.join(path, file_name), metadata={"format": "pt"})
 
 
 def _saved_feature_layers(head: Eagle3Head, target) -> dict:

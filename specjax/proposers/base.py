@@ -118,6 +118,9 @@ class Candidates:
   rule: str = flax.struct.field(pytree_node=False, default="")  # tree children's rule
   row_trees: RowTrees | None = None  # for kind TREE when the structure differs per row
   extra: ScoredExtra | None = None  # scored after the candidates, never accepted
+  # Medusa's typical acceptance (``specjax.verify.typical.Typical``): when set, the loop verifies
+  # by it at T > 0 instead of an exact rule (LOSSY, opt-in); None for every exact method.
+  typical: Any = flax.struct.field(pytree_node=False, default=None)
 
   @property
   def structure(self):

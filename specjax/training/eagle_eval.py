@@ -58,7 +58,7 @@ def eagle_acceptance(target, head, prompts, gamma: int = 4, max_new_tokens: int 
   that the first i + 1 drafts all pass), ``conditional`` (position i's given position i - 1's:
   the EAGLE papers' n-alpha), the overall acceptance rate and tokens per target call."""
   from specjax.decoding.generate import generate
-  from specjax.decoding.methods import Eagle
+  from specjax.decoding.head_methods import Eagle
 
   out = generate(target, [list(p) for p in prompts], Eagle(head, gamma=gamma),
                  max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)

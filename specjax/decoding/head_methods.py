@@ -1,0 +1,165 @@
+"""Decoding methods whose proposer is a trained head on the target's own hidden states: EAGLE
+(``Eagle``) and Medusa (``Medusa``). Same protocol as ``specjax.decoding.methods``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from flax import nnx
+
+from specjax.decoding.methods import check_count, check_guesses, check_ranks, tree_children
+from specjax.heads.eagle import EagleHead
+from specjax.heads.eagle3 import Eagle3Head
+from specjax.heads.layout import check_head
+from specjax.heads.medusa import MedusaHead, check_medusa
+from specjax.models.transformer import Transformer
+from specjax.proposers.eagle import EagleChain, EagleDynamicTree, EagleTree
+from specjax.proposers.medusa import MedusaChain, MedusaTree
+from specjax.trees import DynamicTree, Tree
+from specjax.verify.typical import Typical
+
+VERIFIERS = ("exact", "typical")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Eagle:
+  """EAGLE (Li et al. 2024, arXiv 2401.15077; EAGLE-2 trees, arXiv 2406.16858): a small head
+  drafts on the target's own features (its last hidden state after the final norm), the
+  target's LM head turning its guesses into draft logits.
+
+  ``gamma``: a chain of that many drafts (default 4), verified by the exact chain rule
+  (ALGORITHMS.md §1-3: drafts sampled from the head's warped law at T > 0, greedy drafts matched
+  at T = 0); or ``tree``: a static ``sj.Tree`` whose ``children`` are ``"sampled"`` (default:
+  without replacement from the head's warped law, the recursive rule §5), ``"top_k"`` (one-hot
+  rule §4) or ``"iid"``, or an ``sj.DynamicTree`` (EAGLE-2: the head's top-k, reranked per row
+  by confidence; one-hot rule). ``head``: an EAGLE-1/2 ``specjax.heads.eagle.EagleHead`` or an
+  EAGLE-3 ``specjax.heads.eagle3.Eagle3Head`` (Li et al. 2025, arXiv 2503.01840: fused low/middle/
+  high target features, its own reduced-vocabulary LM head, its q exactly 0 outside that
+  vocabulary), e.g. from ``sj.load_head``. The target must be an ``sj.Transformer`` whose hidden
+  size and vocabulary the head shares.
+  """
+
+  head: EagleHead | Eagle3Head
+  gamma: int | None = None
+  tree: Tree | DynamicTree | None = None
+  children: str | None = None  # None: "sampled" for a static tree, "top_k" for a dynamic one
+  name = "eagle"
+
+  def __post_init__(self):
+    if not isinstance(self.head, (EagleHead, Eagle3Head)):
+      raise ValueError(f"head must be an EAGLE-1/2 or EAGLE-3 head (sj.load_head), got "
+                       f"{type(self.head).__name__}")
+    if self.tree is None:
+      object.__setattr__(self, "gamma", 4 if self.gamma is None else self.gamma)
+      check_count(self.gamma, "gamma", "drafts per iteration")
+      return
+    if self.gamma is not None:
+      raise ValueError(f"give gamma (a chain) or tree, not both: gamma={self.gamma!r}")
+    object.__setattr__(self, "children", tree_children(self.tree, self.children, "head"))
+    object.__setattr__(self, "gamma", self.tree.max_depth)  # the most accepted per iteration
+
+  def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
+    del width, max_new_tokens, what  # the head's cache is sized like the target's
+    if not isinstance(target, Transformer):
+      raise ValueError(f"EAGLE drafts on an sj.Transformer target's features, got "
+                       f"{type(target).__name__}")
+    check_head(self.head, target)
+    check_guesses(self.gamma, "gamma", target)
+    if self.tree is not None:
+      check_ranks(self.tree, target.config.vocab_size)
+
+  def proposer(self, target: Transformer):
+    head_graphdef, head_state = nnx.split(self.head)
+    target_graphdef, target_state = nnx.split(target)
+    graphs = dict(head_graphdef=head_graphdef, target_graphdef=target_graphdef,
+                  features=self.head.target_features(target.config))
+    if self.tree is None:
+      proposer = EagleChain(**graphs, gamma=self.gamma)
+    elif isinstance(self.tree, DynamicTree):
+      proposer = EagleDynamicTree(**graphs, spec=self.tree)
+    else:
+      proposer = EagleTree(**graphs, tree=self.tree, children=self.children)
+    return proposer, (head_state, target_state)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Medusa:
+  """Medusa (Cai et al. 2024, arXiv 2401.10774): ``K`` heads on the target's normed last hidden
+  state guess the next ``K`` tokens at once (``specjax.heads.medusa``; ``sj.load_head`` reads
+  the released ``medusa_lm_head`` files).
+
+  ``gamma``: a chain of the first ``gamma`` heads' guesses (default: all K heads); or ``tree``:
+  a static ``sj.Tree`` of depth <= K whose depth-``d`` nodes are head ``d``'s candidates
+  (Medusa's Cartesian top-k pruned by a path list: ``sj.Tree.medusa(name)`` for the released
+  ones, ``sj.Tree.from_accuracies`` for the paper's greedy construction), ``children``
+  ``"sampled"`` (default: without replacement from the head's warped law, verified by the
+  recursive rule, ALGORITHMS.md §5), ``"top_k"`` (one-hot rule, §4) or ``"iid"``.
+
+  ``verify``: ``"exact"`` (default, lossless) or ``"typical"``: Medusa's typical acceptance
+  (§2.3.1, ``epsilon``/``delta``, ALGORITHMS.md §11), which is **lossy** at T > 0 (its runs
+  carry ``DecodeStats.verifier`` = its label); its tree children default to the heads' top-k,
+  as in the Medusa repository.
+  """
+
+  heads: MedusaHead
+  gamma: int | None = None
+  tree: Tree | None = None
+  children: str | None = None
+  verify: str = "exact"
+  epsilon: float = 0.09
+  delta: float = 0.3
+  name = "medusa"
+
+  def __post_init__(self):
+    if not isinstance(self.heads, MedusaHead):
+      raise ValueError(f"heads must be Medusa heads (sj.load_head of a Medusa directory, or "
+                       f"specjax.heads.medusa.init_medusa), got {type(self.heads).__name__}")
+    if self.verify not in VERIFIERS:
+      raise ValueError(f"verify must be one of {VERIFIERS}, got {self.verify!r}")
+    Typical(self.epsilon, self.delta)  # checks them
+    k = self.heads.num_heads
+    if self.tree is None:
+      object.__setattr__(self, "gamma", k if self.gamma is None else self.gamma)
+      check_count(self.gamma, "gamma", "drafts per iteration")
+      if self.gamma > k:
+        raise ValueError(f"gamma {self.gamma} exceeds the {k} Medusa heads (one per draft)")
+      return
+    if self.gamma is not None:
+      raise ValueError(f"give gamma (a chain) or tree, not both: gamma={self.gamma!r}")
+    if isinstance(self.tree, DynamicTree):
+      raise ValueError("Medusa drafts a static sj.Tree (its heads do not see the path, so a "
+                       "per-row dynamic tree has nothing to rerank by); got an sj.DynamicTree")
+    children = self.children
+    if children is None and self.verify == "typical":
+      children = "top_k"
+    object.__setattr__(self, "children", tree_children(self.tree, children, "heads"))
+    if self.tree.max_depth > k:
+      raise ValueError(f"the tree's depth {self.tree.max_depth} exceeds the {k} Medusa heads "
+                       f"(one per depth)")
+    object.__setattr__(self, "gamma", self.tree.max_depth)
+
+  @property
+  def typical(self) -> Typical | None:
+    """The lossy verifier's parameters, None for the exact rules."""
+    return Typical(self.epsilon, self.delta) if self.verify == "typical" else None
+
+  def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
+    del width, max_new_tokens, what
+    if not isinstance(target, Transformer):
+      raise ValueError(f"Medusa heads read an sj.Transformer target's hidden state, got "
+                       f"{type(target).__name__}")
+    check_medusa(self.heads, target)
+    check_guesses(self.gamma if self.tree is None else self.tree.num_nodes, "candidates", target)
+    if self.tree is not None:
+      check_ranks(self.tree, target.config.vocab_size)
+
+  def proposer(self, target: Transformer):
+    head_graphdef, head_state = nnx.split(self.heads)
+    target_graphdef, target_state = nnx.split(target)
+    graphs = dict(head_graphdef=head_graphdef, target_graphdef=target_graphdef,
+                  features=self.heads.target_features(target.config), typical=self.typical)
+    if self.tree is None:
+      proposer = MedusaChain(**graphs, gamma=self.gamma)
+    else:
+      proposer = MedusaTree(**graphs, tree=self.tree, children=self.children)
+    return proposer, (head_state, target_state)
