@@ -43,6 +43,16 @@ CONFIGS = {
     # Mistral with a sliding window of 8: it matters within a 24-token sequence.
     "mistral": lambda: transformers.MistralConfig(**_LLAMA_COMMON, sliding_window=8,
                                                   tie_word_embeddings=False),
+    # Qwen3: per-head q/k RMSNorm (random weights, see _randomise) and head_dim 24, not
+    # hidden / heads = 16; no biases.
+    "qwen3": lambda: transformers.Qwen3Config(
+        **_LLAMA_COMMON, head_dim=24, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=1e6)),
+    # Phi-3: fused qkv_proj / gate_up_proj, rotary on half of each head, a sliding window of 8; its
+    # pad id defaults to 32000, outside the tiny vocabulary.
+    "phi3": lambda: transformers.Phi3Config(
+        **_LLAMA_COMMON, pad_token_id=0, partial_rotary_factor=0.5, sliding_window=8,
+        tie_word_embeddings=False),
     # GPT-2 (learned positions, LayerNorm, Conv1D with packed q/k/v, tied head).
     "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS,
                                             n_head=4, n_positions=MAX_POSITIONS,

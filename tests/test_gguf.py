@@ -51,7 +51,8 @@ def _config(torch_model, tied: bool = False):
 
 def write_gguf(file: str, torch_model, qtype: str = "F32", tied: bool = False, arch: str = "",
                types: dict[str, str] | None = None) -> str:
-  """Writes a transformers Llama/Qwen2 model as a GGUF file the way llama.cpp's converter does.
+  """Writes a transformers Llama/Qwen2/Qwen3 model as a GGUF file the way llama.cpp's converter
+  does.
 
   Matrices are stored as ``qtype`` (``types`` overrides per GGUF name), vectors as F32; ``tied``
   drops ``output.weight``; ``arch`` overrides the declared architecture (metadata keys follow it).
@@ -67,6 +68,8 @@ def write_gguf(file: str, torch_model, qtype: str = "F32", tied: bool = False, a
       rope_dimension_count=config.head_dim, rope_freq_base=config.rope_theta,
       layer_norm_rms_eps=config.norm_eps, vocab_size=config.vocab_size,
       bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id)
+  if config.head_dim * config.num_heads != config.hidden_size:  # as the converter does for Qwen3
+    metadata.update(key_length=config.head_dim, value_length=config.head_dim)
   for key, value in metadata.items():
     getattr(writer, f"add_{key}")(value)
   heads = {".attn_q.": config.num_heads, ".attn_k.": config.num_kv_heads}

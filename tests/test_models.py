@@ -119,7 +119,7 @@ class HFParityTest(TempDirTest):
 
   def test_params_to_hf_matches_checkpoint(self):
     """The name table is the inverse of loading: same names, same values as save_pretrained."""
-    for name in ("llama", "gpt2"):
+    for name in ("llama", "gpt2", "qwen3", "phi3"):  # phi3: fused qkv_proj / gate_up_proj
       path, _ = F.cached_checkpoint(name)
       written = _read_tensors(os.path.join(path, "model.safetensors"))
       ours = hf_io.params_to_hf(_loaded(name)[0])

@@ -12,16 +12,27 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+# Families sharing the Llama decoder layer (RMSNorm, rotary, gated MLP); what differs is named by
+# ModelConfig's properties (qk_norm, fused_projections) and fields, not by model_type checks.
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + ("gpt2",)
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# The keys each rope_scaling type reads (rope_inverse_frequencies): a missing one is a config error
+# at construction, not a KeyError when the model is built.
+ROPE_KEYS = {"default": (), "linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                        "original_max_position_embeddings")}
+# transformers' Phi3Config accepts only these; its LongRoPE ("longrope", formerly "su"/"yarn")
+# switches between two frequency sets by the current sequence length, a data-dependent choice
+# the static-shape loop does not make.
+PHI3_ROPE_TYPES = ("default",)
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_new", "gelu_pytorch_tanh", "gelu")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Architecture of a decoder-only transformer (Llama/Mistral/Qwen2 or GPT-2 family).
+  """Architecture of a decoder-only transformer (Llama/Mistral/Qwen2/Qwen3/Phi-3 or GPT-2 family).
 
   ``rope_scaling`` is a sorted tuple of ``(key, value)`` pairs (hashable); build it with
   ``rope_scaling=dict(...)`` and it is converted on construction.
@@ -39,6 +50,7 @@ class ModelConfig:
   norm_eps: float = 1e-6
   rope_theta: float = 10000.0
   rope_scaling: Any = None
+  partial_rotary_factor: float = 1.0  # rotary on the first int(head_dim * factor) dims (Phi-3)
   tie_word_embeddings: bool = False
   attention_bias: bool = False  # bias on q/k/v projections
   attention_out_bias: bool = False  # bias on the output projection
@@ -58,7 +70,11 @@ class ModelConfig:
       set_("eos_token_id", tuple(self.eos_token_id))
     if self.num_kv_heads is None:
       set_("num_kv_heads", self.num_heads)
-    if self.head_dim is None:
+    if self.head_dim is None:  # HF's default; one that does not divide would fail later
+      if (isinstance(self.hidden_size, int) and isinstance(self.num_heads, int)
+          and self.num_heads > 0 and self.hidden_size % self.num_heads):
+        raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads "
+                         f"{self.num_heads}; give head_dim explicitly")
       set_("head_dim", self.hidden_size // max(self.num_heads, 1))
     if self.intermediate_size is None:
       if self.model_type != "gpt2":
@@ -83,19 +99,68 @@ class ModelConfig:
     if self.hidden_act not in SUPPORTED_ACTIVATIONS:
       raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: "
                        f"{', '.join(SUPPORTED_ACTIVATIONS)}")
+    if self.partial_rotary_factor != 1.0 and self.model_type != "phi3":
+      raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor!r} is only supported "
+                       f"for model_type 'phi3' (transformers' {self.model_type} rotates the whole "
+                       f"head)")
     if self.is_llama_family:
-      if self.head_dim % 2:
-        raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-      rope_type = self.rope_type
-      if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: "
-                         f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+      self._validate_rotary()
+      self._validate_biases()
     if self.sliding_window is not None and self.sliding_window < 1:
       raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+
+  def _validate_rotary(self) -> None:
+    """The rotary settings of a Llama-family config: an even rotated width within head_dim, and a
+    rope_scaling type (with its keys) that ``rope_inverse_frequencies`` computes as HF does."""
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+    factor = self.partial_rotary_factor
+    if not (isinstance(factor, (int, float)) and 0 < factor <= 1) or self.rotary_dim % 2 or (
+        self.rotary_dim < 2):
+      raise ValueError(f"partial_rotary_factor {factor!r} must be in (0, 1] and rotate an even "
+                       f"number >= 2 of head_dim {self.head_dim}'s dims")
+    rope_type = self.rope_type
+    supported = PHI3_ROPE_TYPES if self.model_type == "phi3" else SUPPORTED_ROPE_TYPES
+    if rope_type not in supported:
+      raise ValueError(f"unsupported rope_scaling type {rope_type!r} for model_type "
+                       f"{self.model_type!r}; supported: {', '.join(supported)}")
+    missing = [k for k in ROPE_KEYS[rope_type] if k not in self.rope_scaling_dict]
+    if missing:
+      raise ValueError(f"rope_scaling type {rope_type!r} needs {missing[0]!r}; got "
+                       f"{self.rope_scaling_dict}")
+
+  def _validate_biases(self) -> None:
+    """Biases the family's HF modules have: Phi-3 none; Qwen3 one attention_bias for q/k/v/o
+    and no MLP bias (other combinations could be built but never saved as that family)."""
+    if self.model_type == "phi3" and (self.attention_bias or self.attention_out_bias
+                                      or self.mlp_bias):
+      raise ValueError("model_type 'phi3' has no biases: attention_bias, attention_out_bias and "
+                       "mlp_bias must be False")
+    if self.model_type == "qwen3" and (self.mlp_bias or
+                                       self.attention_bias != self.attention_out_bias):
+      raise ValueError(f"model_type 'qwen3' has one attention_bias for q/k/v/o and no MLP bias; "
+                       f"got attention_bias={self.attention_bias}, attention_out_bias="
+                       f"{self.attention_out_bias}, mlp_bias={self.mlp_bias}")
 
   @property
   def is_llama_family(self) -> bool:
     return self.model_type in LLAMA_FAMILY
+
+  @property
+  def qk_norm(self) -> bool:
+    """Per-head RMSNorm (weight [head_dim]) on queries and keys before rotary (Qwen3)."""
+    return self.model_type == "qwen3"
+
+  @property
+  def fused_projections(self) -> bool:
+    """The HF checkpoint packs q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj`` (Phi-3);
+    our modules keep them apart, so only the checkpoint layout (``hf_layout``) differs."""
+    return self.model_type == "phi3"
+
+  @property
+  def rotary_dim(self) -> int:
+    """How many leading dims of each head rotate (transformers: ``int(head_dim * factor)``)."""
+    return int(self.head_dim * self.partial_rotary_factor)
 
   @property
   def rope_scaling_dict(self) -> dict[str, Any]:
@@ -123,7 +188,7 @@ class ModelConfig:
       layer = attn + 2 * e * i + 4 * e + (q + 2 * kv + e) + i + e
       extra = self.max_position_embeddings * e + 2 * e
     else:
-      layer = attn + 3 * e * i + 2 * e
+      layer = attn + 3 * e * i + 2 * e + 2 * self.head_dim * self.qk_norm
       layer += (q + 2 * kv) * self.attention_bias + e * self.attention_out_bias
       layer += (2 * i + e) * self.mlp_bias
       extra = e
@@ -181,16 +246,21 @@ def from_hf_dict(hf: Mapping[str, Any], dtype: str | None = None) -> ModelConfig
         mlp_bias=True,
         hidden_act=act,
     )
-  # Llama family. transformers 5.x folds rope_theta into rope_parameters.
+  # Llama family. transformers 5.x folds rope_theta (and Phi-3's partial_rotary_factor) into
+  # rope_parameters.
   rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
   rope_theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+  partial_rotary_factor = rope.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
   rope_type = rope.get("rope_type", rope.get("type", "default"))
   rope.pop("type", None)
   rope_scaling = None if rope_type == "default" else dict(rope, rope_type=rope_type)
-  if model_type == "qwen2" and hf.get("use_sliding_window", False):
-    raise ValueError("Qwen2 checkpoints with use_sliding_window=true are not supported")
-  sliding_window = hf.get("sliding_window") if model_type == "mistral" else None
+  if model_type in ("qwen2", "qwen3") and hf.get("use_sliding_window", False):
+    raise ValueError(f"{model_type} checkpoints with use_sliding_window=true are not supported")
+  # Mistral and Phi-3 apply sliding_window in every layer; Qwen ignores it without
+  # use_sliding_window.
+  sliding_window = hf.get("sliding_window") if model_type in ("mistral", "phi3") else None
   attention_bias = hf.get("attention_bias", False)
+  attention_bias, attention_out_bias = _BIASES.get(model_type, (attention_bias, attention_bias))
   num_heads = hf["num_attention_heads"]
   return ModelConfig(
       **common,
@@ -198,19 +268,26 @@ def from_hf_dict(hf: Mapping[str, Any], dtype: str | None = None) -> ModelConfig
       num_layers=hf["num_hidden_layers"],
       num_heads=num_heads,
       num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-      head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+      head_dim=hf.get("head_dim"),  # None: hidden_size // num_heads, checked to divide
       intermediate_size=hf["intermediate_size"],
       max_position_embeddings=hf.get("max_position_embeddings", 2048),
       norm_eps=hf.get("rms_norm_eps", 1e-6),
       rope_theta=float(rope_theta),
       rope_scaling=rope_scaling,
+      partial_rotary_factor=partial_rotary_factor,
       tie_word_embeddings=hf.get("tie_word_embeddings", False),
-      attention_bias=True if model_type == "qwen2" else attention_bias,
-      attention_out_bias=False if model_type == "qwen2" else attention_bias,
-      mlp_bias=hf.get("mlp_bias", False),
+      attention_bias=attention_bias,
+      attention_out_bias=attention_out_bias,
+      mlp_bias=hf.get("mlp_bias", False) if model_type == "llama" else False,  # HF: Llama's only
       hidden_act=hf.get("hidden_act", "silu"),
       sliding_window=sliding_window,
   )
+
+
+# (q/k/v bias, o bias) of families whose HF modules fix them whatever config.json says; the
+# others (Llama, Mistral, Qwen3) read attention_bias for both.
+_BIASES = {"qwen2": (True, False), "phi3": (False, False)}
+
 
 
 def to_hf_dict(config: ModelConfig) -> dict[str, Any]:
@@ -230,7 +307,8 @@ def to_hf_dict(config: ModelConfig) -> dict[str, Any]:
                 n_positions=c.max_position_embeddings, layer_norm_epsilon=c.norm_eps,
                 activation_function=c.hidden_act)
   arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-          "qwen2": "Qwen2ForCausalLM"}[c.model_type]
+          "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+          "phi3": "Phi3ForCausalLM"}[c.model_type]
   out = dict(common, architectures=[arch], hidden_size=c.hidden_size,
              num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
              num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim,
@@ -242,6 +320,10 @@ def to_hf_dict(config: ModelConfig) -> dict[str, Any]:
     if c.attention_bias != c.attention_out_bias:
       raise ValueError("Llama's attention_bias covers q/k/v and o alike")
     out.update(attention_bias=c.attention_bias, mlp_bias=c.mlp_bias)
+  elif c.model_type == "qwen3":
+    out.update(attention_bias=c.attention_bias, use_sliding_window=False)
+  elif c.model_type == "phi3":
+    out.update(sliding_window=c.sliding_window, partial_rotary_factor=c.partial_rotary_factor)
   elif c.model_type == "mistral":
     out.update(sliding_window=c.sliding_window)
   else:
@@ -250,14 +332,15 @@ def to_hf_dict(config: ModelConfig) -> dict[str, Any]:
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> "np.ndarray":
-  """float64[head_dim // 2] rotary inverse frequencies, with Llama-3 / linear scaling applied.
+  """float32[rotary_dim // 2] rotary inverse frequencies, with Llama-3 / linear scaling applied
+  (``rotary_dim``: head_dim, or Phi-3's partial share of it).
 
   Llama 3.1 (``rope_type='llama3'``) rescales low frequencies by ``factor`` and interpolates in
   between (Meta's ``apply_scaling``, transformers ``_compute_llama3_parameters``).
   """
   import numpy as np
 
-  dim = config.head_dim
+  dim = config.rotary_dim
   inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32)
                                           / dim))
   inv_freq = inv_freq.astype(np.float32)

@@ -13,9 +13,10 @@ the K-quants, the IQ types, ...) to float32. Names are mapped with gguf's own ``
 
 llama.cpp's converter permutes the rows of Llama's q/k projections (weights and biases) so that
 its rotary kernel sees each head's two rotated halves interleaved; ``_unpermute_rows`` undoes that.
-Qwen2 uses llama.cpp's NEOX rotary and is written unpermuted. Mistral GGUFs declare ``llama``
-(llama.cpp has no ``mistral`` architecture and runs them without a sliding window), so they load
-as Llama: what llama.cpp computes.
+Qwen2 and Qwen3 use llama.cpp's NEOX rotary and are written unpermuted (Qwen3's per-head
+``attn_q_norm``/``attn_k_norm`` weights too; its ``attention.key_length`` gives head_dim).
+Mistral GGUFs declare ``llama`` (llama.cpp has no ``mistral`` architecture and runs them without
+a sliding window), so they load as Llama: what llama.cpp computes.
 
 Dequantizing a large file takes long, so ``load_gguf`` caches the converted checkpoint as one
 float32 safetensors file (the HF config in its metadata) under
@@ -43,7 +44,11 @@ from specjax.models.transformer import Transformer
 
 CACHE_VERSION = "gguf-v1"  # bump when the conversion changes, so that stale entries are not read
 TOKENIZER_CACHE_VERSION = "gguf-tokenizer-v2"  # v1 (gguf-v1/*.tokenizer) was transformers'-built
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}  # GGUF general.architecture -> model_type
+# GGUF general.architecture -> model_type. Not (yet) phi3, refused by name: its tensors would map
+# (attn_qkv / ffn_up hold HF's fused qkv_proj / gate_up_proj), but what llama.cpp makes of its
+# metadata (sliding_window 0 or not, partial rotary as rope.dimension_count, LongRoPE factor
+# tensors) is unchecked, and transformers' GGUF loader, the reference, reads neither.
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 _PERMUTED_QK = ("llama",)  # architectures whose q/k rows llama.cpp's converter permutes
 _REQUIRED = object()
 # What a broken file makes GGUFReader / dequantize raise (they do not validate lengths themselves).

@@ -11,9 +11,11 @@ One table (``hf_layout``) describes, for a ``ModelConfig``, every Hugging Face t
 
 Layout rules: our kernels are ``[in, out]``. A ``torch.nn.Linear`` weight is ``[out, in]`` (Llama
 family, untied ``lm_head``) -> transposed. GPT-2's ``Conv1D`` weights are already ``[in, out]``, and
-its ``c_attn`` packs q, k, v along the output axis -> split / concatenated. Embeddings (``[vocab,
-hidden]``) and norm/bias vectors are copied as they are. ``inv_freq`` is not a parameter: it is
-derived from the config and never saved.
+its ``c_attn`` packs q, k, v along the output axis -> split / concatenated. Phi-3's ``qkv_proj``
+and ``gate_up_proj`` are torch Linears packing several of our kernels along their output rows ->
+transposed and split / concatenated then transposed. Embeddings (``[vocab, hidden]``) and
+norm/bias vectors (Qwen3's per-head ``q_norm``/``k_norm`` too) are copied as they are.
+``inv_freq`` is not a parameter: it is derived from the config and never saved.
 
 Its own module so that both checkpoint formats' readers (``hf``, ``gguf``) import it and neither
 imports the other's loader.
@@ -38,6 +40,7 @@ from specjax.models.transformer import Transformer
 COPY = "copy"  # same array (embeddings, norms, biases, GPT-2 Conv1D weights)
 TRANSPOSE = "transpose"  # torch Linear [out, in] <-> our kernel [in, out]
 CONCAT = "concat"  # GPT-2 c_attn: q, k, v concatenated along the last (output) axis
+FUSED = "fused"  # Phi-3 qkv_proj / gate_up_proj: CONCAT of our kernels, then TRANSPOSE
 
 Path = tuple  # an nnx state path, e.g. ("layers", 0, "attn", "q", "kernel")
 
@@ -47,7 +50,7 @@ class Entry:
   """One Hugging Face tensor ``hf_name`` and the ``Transformer`` parameter paths it holds."""
 
   hf_name: str
-  kind: str  # COPY | TRANSPOSE | CONCAT
+  kind: str  # COPY | TRANSPOSE | CONCAT | FUSED
   paths: tuple[Path, ...]
 
 
@@ -113,13 +116,29 @@ def llama_layer(c: ModelConfig, prefix: str, layer: Path, input_norm: bool = Tru
   out = []
   if input_norm:
     out.append(Entry(f"{p}input_layernorm.weight", COPY, (layer + ("attn_norm", "scale"),)))
-  for proj in ("q", "k", "v"):
-    out += linear(f"{p}self_attn.{proj}_proj", layer + ("attn", proj), c.attention_bias)
+  out += projections(c, f"{p}self_attn.", layer + ("attn",), ("q", "k", "v"), "qkv",
+                     c.attention_bias)
   out += linear(f"{p}self_attn.o_proj", layer + ("attn", "o"), c.attention_out_bias)
+  if c.qk_norm:
+    for norm in ("q_norm", "k_norm"):
+      out.append(Entry(f"{p}self_attn.{norm}.weight", COPY, (layer + ("attn", norm, "scale"),)))
   out.append(Entry(f"{p}post_attention_layernorm.weight", COPY, (layer + ("mlp_norm", "scale"),)))
-  for proj in ("gate", "up", "down"):
-    out += linear(f"{p}mlp.{proj}_proj", layer + ("mlp", proj), c.mlp_bias)
+  out += projections(c, f"{p}mlp.", layer + ("mlp",), ("gate", "up"), "gate_up", c.mlp_bias)
+  out += linear(f"{p}mlp.down_proj", layer + ("mlp", "down"), c.mlp_bias)
   return out
+
+
+def projections(c: ModelConfig, prefix: str, module: Path, names: Sequence[str], fused: str,
+                bias: bool) -> list[Entry]:
+  """Parallel projections ``names`` of one input (q/k/v, gate/up): one torch Linear each
+  (``{prefix}q_proj``), or, with ``c.fused_projections``, the one Linear ``{prefix}{fused}_proj``
+  packing them in order along its output rows (Phi-3's ``qkv_proj``, ``gate_up_proj``), which has
+  no bias (``ModelConfig`` refuses biases for Phi-3)."""
+  if not c.fused_projections:
+    return [e for n in names for e in linear(f"{prefix}{n}_proj", module + (n,), bias)]
+  assert not bias, "fused projections have no bias"
+  return [Entry(f"{prefix}{fused}_proj.weight", FUSED,
+                tuple(module + (n, "kernel") for n in names))]
 
 
 def _hf_shape(entry: Entry, shapes: Mapping[Path, tuple[int, ...]]) -> tuple[int, ...]:
@@ -129,7 +148,8 @@ def _hf_shape(entry: Entry, shapes: Mapping[Path, tuple[int, ...]]) -> tuple[int
     return first
   if entry.kind == TRANSPOSE:
     return first[::-1]
-  return first[:-1] + (sum(shapes[p][-1] for p in entry.paths),)
+  concat = first[:-1] + (sum(shapes[p][-1] for p in entry.paths),)
+  return concat[::-1] if entry.kind == FUSED else concat
 
 
 def _to_hf(entry: Entry, arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -139,6 +159,7 @@ def _to_hf(entry: Entry, arrays: Sequence[np.ndarray]) -> np.ndarray:
     out = arrays[0].T
   else:
     out = np.concatenate(arrays, axis=-1)
+    out = out.T if entry.kind == FUSED else out
   return np.ascontiguousarray(out)
 
 
@@ -149,7 +170,7 @@ def _from_hf(entry: Entry, tensor: jax.Array,
   if entry.kind == TRANSPOSE:
     return [tensor.T]
   splits = np.cumsum([shapes[p][-1] for p in entry.paths])[:-1]
-  return list(jnp.split(tensor, splits, axis=-1))
+  return list(jnp.split(tensor.T if entry.kind == FUSED else tensor, splits, axis=-1))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Decoder-only transformers in Flax NNX: the Llama family (Llama 2/3, Mistral, Qwen2) and GPT-2.
+"""Decoder-only transformers in Flax NNX: the Llama family (Llama 2/3, Mistral, Qwen2, Qwen3,
+Phi-3) and GPT-2.
 
 One forward serves every decoding method: it takes ``T >= 1`` new tokens per row, writes their
 keys/values at the row's scratch slots ``[length, length + T)`` of a static-shape ``KVCache``, and
@@ -40,13 +41,17 @@ def _param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str = "normal") -> n
 
 
 class Norm(nnx.Module):
-  """RMSNorm (Llama family) or LayerNorm (GPT-2), computed in float32 like Hugging Face."""
+  """RMSNorm (Llama family) or LayerNorm (GPT-2), computed in float32 like Hugging Face.
 
-  def __init__(self, config: ModelConfig, dtype):
+  ``axis``: the logical axis normalised, ``"embed"`` (hidden states) or ``"head_dim"`` (Qwen3's
+  per-head query/key norms, whose weight has head_dim entries shared by every head)."""
+
+  def __init__(self, config: ModelConfig, dtype, axis: str = "embed"):
+    size = config.head_dim if axis == "head_dim" else config.hidden_size
     self.rms = config.is_llama_family
     self.eps = config.norm_eps
-    self.scale = _param(None, (config.hidden_size,), ("embed",), dtype, init="ones")
-    self.bias = None if self.rms else _param(None, (config.hidden_size,), ("embed",), dtype, "zeros")
+    self.scale = _param(None, (size,), (axis,), dtype, init="ones")
+    self.bias = None if self.rms else _param(None, (size,), (axis,), dtype, "zeros")
 
   def __call__(self, x: jax.Array) -> jax.Array:
     dtype = x.dtype
@@ -96,8 +101,14 @@ def _activation(name: str):
 
 
 def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-  """Rotary embedding, Hugging Face's ``rotate_half`` convention. x: [B, T, heads, D]."""
-  half = x.shape[-1] // 2
+  """Rotary embedding, Hugging Face's ``rotate_half`` convention. x: [B, T, heads, D].
+
+  cos/sin [..., R] with R < D (Phi-3's ``partial_rotary_factor``) rotate the first R dims of
+  each head and pass the rest through, as transformers' ``apply_rotary_pos_emb`` does."""
+  r = cos.shape[-1]
+  if r < x.shape[-1]:
+    return jnp.concatenate([_rotate(x[..., :r], cos, sin), x[..., r:]], axis=-1)
+  half = r // 2
   rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
   return (x * cos + rotated * sin).astype(x.dtype)
 
@@ -153,6 +164,15 @@ class Attention(nnx.Module):
                    c.attention_bias, dtype)
     self.o = Dense(rngs, c.num_heads * c.head_dim, c.hidden_size, ("heads", "embed"),
                    c.attention_out_bias, dtype)
+    self.q_norm = Norm(c, dtype, "head_dim") if c.qk_norm else None
+    self.k_norm = Norm(c, dtype, "head_dim") if c.qk_norm else None
+
+  def normalize_qk(self, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Qwen3's per-head RMSNorm of queries and keys ([..., head_dim] each), applied before the
+    rotary embedding; identity for families without it. The training forward calls it too."""
+    if self.q_norm is None:
+      return q, k
+    return self.q_norm(q), self.k_norm(k)
 
   def __call__(self, x, rope, layer_k, layer_v, write, mask):
     """Attention of T new tokens over the cache, after writing their keys/values into it.
@@ -167,6 +187,7 @@ class Attention(nnx.Module):
     q = self.q(x).reshape(b, t, self.num_heads, self.head_dim)
     k = self.k(x).reshape(b, t, self.num_kv_heads, self.head_dim)
     v = self.v(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+    q, k = self.normalize_qk(q, k)
     if rope is not None:
       cos, sin = rope
       q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -246,9 +267,10 @@ def feature_layers(features: tuple[int | str, ...], num_layers: int) -> tuple[in
 
 
 def rotary(inv_freq: jax.Array, positions: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-  """(cos, sin) [B, T, 1, D] of the rotary embedding at int32[B, T] ``positions``."""
+  """(cos, sin) [B, T, 1, R] of the rotary embedding at int32[B, T] ``positions`` (R: twice
+  ``inv_freq``'s length, the rotated dims of a head)."""
   freqs = positions[..., None].astype(jnp.float32) * inv_freq[None, None, :]
-  emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, D]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, R]
   return jnp.cos(emb).astype(dtype), jnp.sin(emb).astype(dtype)
 
 

@@ -59,6 +59,7 @@ def _attend(attn, x, rope, past, compute_dtype):
   k = _dense(attn.k, x, compute_dtype).reshape(b, t, kvh, d)
   v = _dense(attn.v, x, compute_dtype).reshape(b, t, kvh, d)
   cos, sin = rope
+  q, k = attn.normalize_qk(q, k)
   q, k = _rotate(q, cos[..., None, :], sin[..., None, :]), _rotate(k, cos, sin)
   od = jnp.dtype(compute_dtype or attn.q.kernel.dtype)
   k0, v0 = past[0] if past else (k, v)

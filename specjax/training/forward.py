@@ -131,7 +131,7 @@ def causal_states(model: Transformer, inputs: jax.Array, compute_dtype=None,
   b, t = inputs.shape
   x = jnp.take(model.embed[...], inputs, axis=0).astype(jnp.float32)
   freqs = jnp.arange(t, dtype=jnp.float32)[:, None] * model.inv_freq[...][None, :]
-  emb = jnp.concatenate([freqs, freqs], axis=-1)[None, :, None, :]  # [1, T, 1, D]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)[None, :, None, :]  # [1, T, 1, R]
   cos, sin = jnp.cos(emb), jnp.sin(emb)
   causal = jnp.tril(jnp.ones((t, t), bool))
   states = []
@@ -141,6 +141,7 @@ def causal_states(model: Transformer, inputs: jax.Array, compute_dtype=None,
     q = _dense(attn.q, h, cd).reshape(b, t, attn.num_kv_heads, -1, attn.head_dim)
     k = _dense(attn.k, h, cd).reshape(b, t, attn.num_kv_heads, attn.head_dim)
     v = _dense(attn.v, h, cd).reshape(b, t, attn.num_kv_heads, attn.head_dim)
+    q, k = attn.normalize_qk(q, k)
     q, k = _rotate(q, cos[..., None, :], sin[..., None, :]), _rotate(k, cos, sin)
     qk_dtype = cd or attn.q.kernel.dtype
     scores = jnp.einsum("btkgd,bskd->bkgts", q.astype(qk_dtype), k.astype(qk_dtype),
