@@ -1,8 +1,10 @@
-"""The EAGLE phase of ``experiments/train.py``: an EAGLE-1 or EAGLE-3 head for ``config.teacher``
-(the target), trained on its own greedy answers with ``specjax.training.eagle``.
+"""The head phase of ``experiments/train.py``: an EAGLE-1 or EAGLE-3 head or Medusa heads for
+``config.teacher`` (the target), trained on its own greedy answers with
+``specjax.training.eagle`` / ``specjax.training.medusa``.
 
   python -m experiments.train --config=configs/train_eagle3_smollm2.py
   python -m experiments.train --config=configs/train_eagle_smollm2.py
+  python -m experiments.train --config=configs/train_medusa_smollm2.py
 
 A config with an ``eagle`` block runs this instead of train.py's phases (``base_config`` gives
 every field). Data: the target's answers to ``corpus.chat_prompts`` instructions (stdlib coding
@@ -51,8 +53,12 @@ def base_config():
   c.corpus = ml_collections.ConfigDict(dict(max_train_bytes=1_000_000, chat_bytes=400_000,
                                             seed=0))  # the stdlib and the reference chats
   c.eagle = ml_collections.ConfigDict(dict(
-      kind="eagle3",           # "eagle" (EAGLE-1/2) or "eagle3"
-      num_layers=1,            # EAGLE-1/2: decoder layers of the head
+      kind="eagle3",           # "eagle" (EAGLE-1/2), "eagle3", "medusa" or "hydra" (these two:
+                               # train = medusa_defaults)
+      num_layers=1,            # EAGLE-1/2: decoder layers of the head; Medusa: blocks per head
+      medusa_heads=4,          # Medusa / Hydra: heads (head k guesses the token k + 2 ahead)
+      own_lm_head=False,       # Medusa: a projection per head (the released layout) or the
+                               # target's LM head, shared (no [E, V] per head to train)
       draft_vocab=8192,        # EAGLE-3: the most frequent answer ids (0: the whole vocabulary)
       init_from_target=True,   # start as a pass-through of the target's top feature (EAGLE-3:
                                # its LM head and final norm too): init_eagle_head
@@ -144,6 +150,8 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
   import specjax as sj
   from specjax.training import draft_vocabulary, init_eagle_head, train_eagle
   from specjax.training.eagle import eagle_acceptance
+  from specjax.training.medusa import (init_hydra_heads, init_medusa_heads, medusa_acceptance,
+                                      train_medusa)
 
   out_dir = pathlib.Path(out_dir or config.out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -161,19 +169,26 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
     answers = slice(data["text_rows"], len(tokens) - n_eval)
     ids = draft_vocabulary(tokens[answers], mask[answers], int(e.draft_vocab),
                            target.config.vocab_size)
-  head = init_eagle_head(target, kind, ids, key=int(e.train.seed), num_layers=int(e.num_layers),
-                         from_target=bool(e.init_from_target))
+  if kind == "medusa":
+    head = init_medusa_heads(target, int(e.medusa_heads), int(e.num_layers),
+                             bool(e.own_lm_head), int(e.train.seed), bool(e.init_from_target))
+  elif kind == "hydra":
+    head = init_hydra_heads(target, int(e.medusa_heads), int(e.num_layers), int(e.train.seed),
+                            bool(e.init_from_target))
+  else:
+    head = init_eagle_head(target, kind, ids, key=int(e.train.seed),
+                           num_layers=int(e.num_layers), from_target=bool(e.init_from_target))
   with tempfile.TemporaryDirectory() as scratch:  # a layout save_head refuses fails now, not
     sj.save_head(head, scratch)                   # after minutes of training
   n_text, n_answers = data["text_rows"], len(tokens) - n_eval - data["text_rows"]
   share = float(e.answer_share) if n_text else 1.0
   weights = np.concatenate([np.full(n_text, (1.0 - share) / max(n_text, 1)),
                             np.full(n_answers, share / n_answers)])
-  head, rep = train_eagle(target, head, tokens, mask, eval_rows=n_eval, weights=weights,
-                          eos_token_id=tokenizer.eos_token_id,
-                          feature_dtype=e.feature_dtype or None,
-                          checkpoint_dir=out_dir / "checkpoints" / kind,
-                          cache_dir=out_dir / "data", name=kind, **e.train.to_dict())
+  train = train_medusa if kind in ("medusa", "hydra") else train_eagle
+  head, rep = train(target, head, tokens, mask, eval_rows=n_eval, weights=weights,
+                    eos_token_id=tokenizer.eos_token_id, feature_dtype=e.feature_dtype or None,
+                    checkpoint_dir=out_dir / "checkpoints" / kind, cache_dir=out_dir / "data",
+                    name=kind, **e.train.to_dict())
   seconds.update(rep.pop("seconds"))
   report = {"kind": kind, "teacher": config.teacher, "data": data["sizes"], "seconds": seconds,
             "train": rep}
@@ -181,8 +196,12 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
     t1 = time.time()
     report["acceptance"] = {}
     for name, prompts in eval_prompt_sets(config, tokenizer).items():
-      acc = eagle_acceptance(target, head, prompts, int(e.eval_gamma), int(e.eval_new_tokens),
-                             tokenizer.eos_token_id)
+      if kind in ("medusa", "hydra"):
+        acc = medusa_acceptance(target, head, prompts, int(e.medusa_heads),
+                                int(e.eval_new_tokens), tokenizer.eos_token_id)
+      else:
+        acc = eagle_acceptance(target, head, prompts, int(e.eval_gamma),
+                               int(e.eval_new_tokens), tokenizer.eos_token_id)
       report["acceptance"][name] = acc
       log(f"{kind}: held-out {name} prompts, greedy acceptance per position at gamma "
           f"{acc['gamma']}: " + " ".join(f"{a:.3f}" for a in acc["per_position"]))

@@ -124,13 +124,20 @@ def parse_head_tree_spec(spec: str):
 
 
 def head_method(s: dict, head):
-  """``sj.Eagle`` of setting ``s`` with ``head``: a chain of ``s["gamma"]`` drafts or the tree of
-  ``s["tree"]`` (``tree_method``'s shapes)."""
+  """``sj.Eagle`` (``sj.Medusa`` / ``sj.Hydra`` for those heads) of setting ``s`` with ``head``: a chain of
+  ``s["gamma"]`` drafts or the tree of ``s["tree"]`` (``tree_method``'s shapes)."""
   import specjax as sj
-  if s["gamma"] is not None:
-    return sj.Eagle(head, gamma=int(s["gamma"]))
-  tree, children = tree_of(s["tree"])
-  return sj.Eagle(head, tree=tree, children=children)
+  from specjax.heads.hydra import HydraHead
+  from specjax.heads.medusa import MedusaHead
+  method = (sj.Medusa if isinstance(head, MedusaHead) else
+            sj.Hydra if isinstance(head, HydraHead) else sj.Eagle)
+  try:
+    if s["gamma"] is not None:
+      return method(head, gamma=int(s["gamma"]))
+    tree, children = tree_of(s["tree"])
+    return method(head, tree=tree, children=children)
+  except ValueError as e:  # e.g. a gamma or a tree deeper than the Medusa heads
+    raise ConfigError(f"{method.__name__} with {s['gamma'] or s['tree']}: {e}") from None
 
 
 def head_pass_tokens(config, s: dict) -> int:
@@ -252,7 +259,8 @@ class Method:
   # one setting per temperature
   role: str = "target"  # the model sj.generate decodes with
   needs_draft: bool = False
-  head: str | None = None  # the role of the EAGLE head it drafts with (config field of that name)
+  head: str | None = None  # the role of the head it drafts with (config field of that name)
+  head_passes: str = "depth"  # a head's passes per iteration: "depth" (EAGLE), "one" (Medusa)
   datastore: str | None = None  # "required" (REST) | "optional" (SuffixDecoding: own text too)
   hf: bool = False  # transformers' generate (torch, one device)
   batch_one: bool = False  # transformers' assisted generation refuses batches
@@ -310,6 +318,14 @@ _M = [
            "EAGLE-3 head: fused low/middle/high features, reduced vocabulary (chains; "
            "head_trees)", sweep=HEAD_SWEEP, head="eagle3_head", pass_tokens=head_pass_tokens,
            cost_model=HEAD),
+    Method("medusa", lambda c, s, m: head_method(s, m["medusa_heads"]),
+           "Medusa heads on the target's final state (chains up to the heads; static "
+           "head_trees)", sweep=HEAD_SWEEP, head="medusa_heads", head_passes="one",
+           pass_tokens=head_pass_tokens, cost_model=HEAD),
+    Method("hydra", lambda c, s, m: head_method(s, m["hydra_heads"]),
+           "Hydra heads: Medusa's, each also reading the candidate's path (chains up to the "
+           "heads; static head_trees)", sweep=HEAD_SWEEP, head="hydra_heads",
+           pass_tokens=head_pass_tokens, cost_model=HEAD),
     Method("hf_autoregressive", lambda c, s, m: {}, "transformers' greedy/sampling generate",
            hf=True),
     Method("hf_assisted", _hf_assisted, "transformers' assisted generation with the same draft",

@@ -57,10 +57,13 @@ class Models:
     import specjax as sj
     from specjax.heads.eagle import init_head
     from specjax.heads.eagle3 import init_head3
+    from specjax.heads.hydra import init_hydra
+    from specjax.heads.medusa import init_medusa
     t0 = time.perf_counter()
     if config[field] == resolve.UNTRAINED:
-      init = init_head3 if field == "eagle3_head" else init_head
-      head = init(self.sj["target"].config, int(config.seed))
+      init = {"eagle3_head": init_head3, "medusa_heads": init_medusa,
+              "hydra_heads": init_hydra}.get(field, init_head)
+      head = init(self.sj["target"].config, key=int(config.seed))
     else:
       head = sj.load_head(config[field], dtype=config.dtype)
     size = int(sum(x.size for x in jax.tree.leaves(nnx.state(head, nnx.Param))))

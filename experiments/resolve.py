@@ -40,7 +40,8 @@ def resolve_datastore(config, target: ModelSpec, verbose: bool = True) -> None:
 
 
 def resolve_heads(config, target: ModelSpec, verbose: bool = True) -> None:
-  """Sets each EAGLE head field the run's methods need (``eagle_head``, ``eagle3_head``) to a
+  """Sets each head field the run's methods need (``eagle_head``, ``eagle3_head``,
+  ``medusa_heads``, ``hydra_heads``) to a
   head directory (SmolLM2's heads built on first use) or ``UNTRAINED`` (a random target's);
   reads only the directory's ``config.json`` and checks its vocabulary is the target's."""
   for field in sorted({METHODS[m].head for m in config.methods if METHODS[m].head}):
@@ -58,7 +59,9 @@ def resolve_heads(config, target: ModelSpec, verbose: bool = True) -> None:
         raise ConfigError(f"{spec!r} drafts for SmolLM2 (vocab_size {SMOLLM2_VOCAB}); target "
                           f"{target.spec} has vocab_size {target.vocab_size}")
       from experiments import smollm2_eagle
-      kind = "eagle3" if spec == SMOLLM2_HEADS["eagle3_head"] else "eagle"
+      kind = {"eagle_head": "eagle", "eagle3_head": "eagle3", "medusa_heads": "medusa",
+              "hydra_heads": "hydra"}[
+          next(f for f, name in SMOLLM2_HEADS.items() if name == spec)]
       config[field] = os.fspath(smollm2_eagle.ensure_smollm2_head(kind, verbose=verbose))
       continue
     path = os.path.expanduser(spec)
@@ -70,7 +73,7 @@ def resolve_heads(config, target: ModelSpec, verbose: bool = True) -> None:
         vocab = json.load(f).get("vocab_size")
     except (OSError, ValueError) as e:
       raise ConfigError(f"{field} {path}: no readable config.json ({e})") from None
-    if vocab != target.vocab_size:
+    if vocab is not None and vocab != target.vocab_size:  # None: Medusa heads on the target's
       raise ConfigError(f"{field} {path} has vocab_size {vocab} but the target {target.spec} has "
                         f"{target.vocab_size}")
     config[field] = path

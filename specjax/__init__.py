@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 # Public name -> the module that defines it (a module name alone: the name is that submodule).
 _EXPORTS = {
     "Adaptive": "specjax.decoding.methods", "Autoregressive": "specjax.decoding.methods",
-    "Eagle": "specjax.decoding.head_methods", "Medusa": "specjax.decoding.head_methods",
+    "Eagle": "specjax.decoding.head_methods", "Hydra": "specjax.decoding.head_methods",
+    "Medusa": "specjax.decoding.head_methods",
     "Jacobi": "specjax.decoding.methods",
     "Lookahead": "specjax.decoding.methods", "PromptLookup": "specjax.decoding.methods",
     "SelfSpeculative": "specjax.decoding.methods", "SpecTr": "specjax.decoding.methods",
@@ -56,7 +57,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, eagerly
   from specjax import sharding, training
   from specjax.costs import CostTable
   from specjax.decoding.generate import GenerateOutput, compile_generate, generate
-  from specjax.decoding.head_methods import Eagle, Medusa
+  from specjax.decoding.head_methods import Eagle, Hydra, Medusa
   from specjax.decoding.methods import (Adaptive, Autoregressive, Jacobi, Lookahead, PromptLookup,
                                         SelfSpeculative, SpecTr, Speculative, TreeSpeculative)
   from specjax.decoding.stats import DecodeStats

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax import metrics
+from specjax.heads.medusa import MedusaHead
 from specjax.models.kv_cache import init_cache
 from specjax.proposers import draft_chain
 from specjax.proposers import eagle as eagle_lib
@@ -290,6 +291,24 @@ def _head_steps_fn():
   return head_steps
 
 
+def _medusa_steps_fn():
+  @functools.partial(jax.jit, static_argnums=(0, 1, 5))
+  def medusa_steps(head_graphdef, target_graphdef, head_state, target_state, hidden, k):
+    """``k`` passes of Medusa heads (all K heads' logits of one state each, what an iteration's
+    drafting costs; ``proposers.medusa``), each pass's state the embedding of the last one's
+    first guess (a dependency, so that nothing is hoisted out of the loop)."""
+    heads = nnx.merge(head_graphdef, head_state)
+    target = nnx.merge(target_graphdef, target_state)
+
+    def body(_, hidden):
+      guess = jnp.argmax(heads.logits(hidden, target)[:, 0], axis=-1)
+      return jnp.take(target.embed[...], guess, axis=0).astype(hidden.dtype)
+
+    return jax.lax.fori_loop(0, k, body, hidden)
+
+  return medusa_steps
+
+
 def measure(models: dict, batch: int, context: int, cache_length: int, *, widths=(1,),
             gammas=(), heads: dict | None = None, steps_per_call: int = 16,
             min_seconds: float = 0.3, max_iters: int = 100) -> tuple[CostTable, dict]:
@@ -311,7 +330,8 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
 
   ``heads``: name -> an EAGLE head drafting for the target; each one's drafting step (a head pass
   and its draft logits, ``_head_steps_fn``) is timed too: ``head_step_ms[name]`` and its ratio
-  to a target step, ``head_cost_ratio[name]`` (the c of an EAGLE chain)."""
+  to a target step, ``head_cost_ratio[name]`` (the c of an EAGLE chain); for Medusa heads, one
+  pass of all of them (``_medusa_steps_fn``: what an iteration's drafting costs)."""
   unknown = sorted(set(models) - {"target", "draft"})
   if "target" not in models or unknown:
     raise ValueError(f"models {sorted(models)} must be 'target' and optionally 'draft'")
@@ -363,6 +383,10 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
   def head_job(head):
     target = sj_models["target"]
     graphs, states = zip(nnx.split(head), nnx.split(target))
+    if isinstance(head, MedusaHead):
+      medusa_steps = _medusa_steps_fn()
+      state = jnp.zeros((batch, target.config.hidden_size), jnp.dtype(target.config.dtype))
+      return lambda: medusa_steps(*graphs, *states, state, k)
     carry = {"cache": cache_for(head)}
     tokens = jnp.ones((batch,), jnp.int32)
     hidden = jnp.zeros((batch, head.config.hidden_size), jnp.dtype(head.config.dtype))

@@ -550,6 +550,18 @@ class TreeRunTest(absltest.TestCase):
     self.assertIn("eagle3 head: one drafting step", md)
     self.assertIn("| 0 | eagle3 dynamic:2x2x3 | 3 |", md)  # the tree table names the method
 
+  def test_medusa_settings(self):
+    """Method medusa on the tiny random target (untrained heads): a chain and a static tree,
+    greedy rows the autoregressive ones, one head pass per iteration in the cost model."""
+    results, md = self._run_tiny("methods=autoregressive/medusa,gammas=2,head_trees=comb:2x2")
+    rows = [e for e in results["settings"] if e["method"] == "medusa"]
+    self.assertEqual([(e["gamma"], e["tree"]) for e in rows], [(2, None), (None, "comb:2x2")])
+    c = results["cost"]["head_cost_ratio"]["medusa"]
+    for e in rows:
+      self.assertEqual(e["greedy_match"], 1.0)
+      self.assertAlmostEqual(e["iteration_cost"], c + e["verify_cost"])
+    self.assertIn("medusa comb:2x2", md)
+
   def test_draft_free_settings_get_the_cost_model(self):
     """Every draft-free setting: v = the measured pass over 1 + its guesses in target steps, and
     the modelled speedup = tokens per iteration / v (times the rows kept busy)."""

@@ -81,7 +81,7 @@ class PipelineTest(TeacherDirTest):
       (dest / "head").mkdir(parents=True)  # an interrupted build: rebuilt, not used
       head_dir = smollm2_eagle.ensure_smollm2_head("eagle", verbose=False)
       self.assertEqual(head_dir, dest / "head")
-      self.assertTrue(default_pair.is_complete(dest, ("head",), smollm2_eagle.HEAD_FILES))
+      self.assertTrue(default_pair.is_complete(dest, ("head",), smollm2_eagle.HEAD_FILES["eagle"]))
       marker = json.loads((dest / default_pair.MARKER).read_text())
       self.assertEqual(marker["version"], "smollm2-eagle-v1")
       report = json.loads((dest / eagle_phase.REPORT_FILE).read_text())

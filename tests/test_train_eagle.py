@@ -23,7 +23,7 @@ import specjax as sj
 from specjax.heads.eagle3 import Eagle3Head
 from specjax.models.kv_cache import init_cache
 from specjax.training import eagle as et
-from specjax.training import eagle_data, eagle_forward
+from specjax.training import eagle_data, eagle_forward, head_loop
 from specjax.training.progress import set_verbose
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
@@ -189,10 +189,11 @@ class DataTest(absltest.TestCase):
 
   def test_batches_are_seeded_and_follow_the_weights(self):
     p = np.array([0, 0, 1, 1, 1, 1, 0, 0, 0, 0]) / 4
-    rows = et._rows(0, 3, 10, 4, p)
+    rows = head_loop.batch_rows(0, 3, 10, 4, p)
     np.testing.assert_array_equal(rows, [2, 3, 4, 5])
-    np.testing.assert_array_equal(et._rows(5, 7, 10, 4), et._rows(5, 7, 10, 4))
-    self.assertLen(set(et._rows(5, 7, 10, 4)), 4)
+    np.testing.assert_array_equal(head_loop.batch_rows(5, 7, 10, 4),
+                                  head_loop.batch_rows(5, 7, 10, 4))
+    self.assertLen(set(head_loop.batch_rows(5, 7, 10, 4)), 4)
 
   def test_features_are_cached_and_reused(self):
     target = random_transformer(CONFIG, 0)

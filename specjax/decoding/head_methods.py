@@ -1,5 +1,6 @@
 """Decoding methods whose proposer is a trained head on the target's own hidden states: EAGLE
-(``Eagle``) and Medusa (``Medusa``). Same protocol as ``specjax.decoding.methods``."""
+(``Eagle``), Medusa (``Medusa``) and Hydra (``Hydra``). Same protocol as
+``specjax.decoding.methods``."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from specjax.decoding.methods import check_count, check_guesses, check_ranks, tr
 from specjax.heads.eagle import EagleHead
 from specjax.heads.eagle3 import Eagle3Head
 from specjax.heads.layout import check_head
+from specjax.heads.hydra import HydraHead
 from specjax.heads.medusa import MedusaHead, check_medusa
 from specjax.models.transformer import Transformer
 from specjax.proposers.eagle import EagleChain, EagleDynamicTree, EagleTree
+from specjax.proposers.hydra import HydraTree
 from specjax.proposers.medusa import MedusaChain, MedusaTree
 from specjax.trees import DynamicTree, Tree
 from specjax.verify.typical import Typical
@@ -110,10 +113,13 @@ class Medusa:
   delta: float = 0.3
   name = "medusa"
 
+  HEADS = MedusaHead
+
   def __post_init__(self):
-    if not isinstance(self.heads, MedusaHead):
-      raise ValueError(f"heads must be Medusa heads (sj.load_head of a Medusa directory, or "
-                       f"specjax.heads.medusa.init_medusa), got {type(self.heads).__name__}")
+    if not isinstance(self.heads, self.HEADS):
+      raise ValueError(f"heads must be {self.name.capitalize()} heads (sj.load_head of a "
+                       f"{self.name.capitalize()} directory, or specjax.heads.{self.name}."
+                       f"init_{self.name}), got {type(self.heads).__name__}")
     if self.verify not in VERIFIERS:
       raise ValueError(f"verify must be one of {VERIFIERS}, got {self.verify!r}")
     Typical(self.epsilon, self.delta)  # checks them
@@ -122,20 +128,21 @@ class Medusa:
       object.__setattr__(self, "gamma", k if self.gamma is None else self.gamma)
       check_count(self.gamma, "gamma", "drafts per iteration")
       if self.gamma > k:
-        raise ValueError(f"gamma {self.gamma} exceeds the {k} Medusa heads (one per draft)")
+        raise ValueError(f"gamma {self.gamma} exceeds the {k} {self.name.capitalize()} heads (one "
+                       f"per draft)")
       return
     if self.gamma is not None:
       raise ValueError(f"give gamma (a chain) or tree, not both: gamma={self.gamma!r}")
     if isinstance(self.tree, DynamicTree):
-      raise ValueError("Medusa drafts a static sj.Tree (its heads do not see the path, so a "
-                       "per-row dynamic tree has nothing to rerank by); got an sj.DynamicTree")
+      raise ValueError(f"{self.name.capitalize()} drafts a static sj.Tree, got an "
+                       f"sj.DynamicTree")
     children = self.children
     if children is None and self.verify == "typical":
       children = "top_k"
     object.__setattr__(self, "children", tree_children(self.tree, children, "heads"))
     if self.tree.max_depth > k:
-      raise ValueError(f"the tree's depth {self.tree.max_depth} exceeds the {k} Medusa heads "
-                       f"(one per depth)")
+      raise ValueError(f"the tree's depth {self.tree.max_depth} exceeds the {k} "
+                       f"{self.name.capitalize()} heads (one per depth)")
     object.__setattr__(self, "gamma", self.tree.max_depth)
 
   @property
@@ -146,8 +153,8 @@ class Medusa:
   def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
     del width, max_new_tokens, what
     if not isinstance(target, Transformer):
-      raise ValueError(f"Medusa heads read an sj.Transformer target's hidden state, got "
-                       f"{type(target).__name__}")
+      raise ValueError(f"{self.name.capitalize()} heads read an sj.Transformer target's hidden "
+                       f"state, got {type(target).__name__}")
     check_medusa(self.heads, target)
     check_guesses(self.gamma if self.tree is None else self.tree.num_nodes, "candidates", target)
     if self.tree is not None:
@@ -162,4 +169,29 @@ class Medusa:
       proposer = MedusaChain(**graphs, gamma=self.gamma)
     else:
       proposer = MedusaTree(**graphs, tree=self.tree, children=self.children)
+    return proposer, (head_state, target_state)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Hydra(Medusa):
+  """Hydra (Ankner et al. 2024, arXiv 2402.05109): Medusa heads made sequentially dependent,
+  head ``k`` also reading the embeddings of the candidate's path (``specjax.heads.hydra``;
+  ``sj.load_head`` reads the released ``hydra_lm_head`` files). The same arguments as ``Medusa``:
+  ``gamma`` (a chain of the first ``gamma`` heads, each drawn given the ones before) or a static
+  ``tree`` whose children at depth ``d`` come from head ``d`` given their parent's path,
+  ``children``, and the lossy ``verify="typical"`` option. Drafting costs one small pass of a
+  head per depth."""
+
+  heads: HydraHead
+  name = "hydra"
+  HEADS = HydraHead
+
+  def proposer(self, target: Transformer):
+    head_graphdef, head_state = nnx.split(self.heads)
+    target_graphdef, target_state = nnx.split(target)
+    tree = self.tree if self.tree is not None else Tree.chains(num=1, depth=self.gamma)
+    children = self.children or ("top_k" if self.verify == "typical" else "sampled")
+    proposer = HydraTree(head_graphdef=head_graphdef, target_graphdef=target_graphdef,
+                         features=self.heads.target_features(target.config), tree=tree,
+                         children=children, typical=self.typical)
     return proposer, (head_state, target_state)

@@ -1,5 +1,6 @@
 """Heads on disk in their published layouts, both ways: ``sj.load_head`` / ``sj.save_head``.
-Medusa's layout lives with its heads (``specjax.heads.medusa``); EAGLE's, below. One table mechanism (``hf_layout.fill_from_hf`` / ``_iter_hf_tensors``) for
+Medusa's and Hydra's layouts live with their heads (``specjax.heads.medusa`` / ``hydra``);
+EAGLE's, below. One table mechanism (``hf_layout.fill_from_hf`` / ``_iter_hf_tensors``) for
 both kinds of head; ``load_head`` tells them apart by the file.
 
 A head directory holds ``config.json`` (a Llama config of the head: the target's sizes,
@@ -50,6 +51,7 @@ from flax import nnx
 
 from specjax.heads.eagle import EagleHead
 from specjax.heads.eagle3 import Eagle3Head
+from specjax.heads.hydra import HYDRA_FILE, HydraHead, hydra_files, is_hydra_config, load_hydra
 from specjax.heads.medusa import MEDUSA_FILE, MedusaHead, is_medusa_config, load_medusa, medusa_files
 from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
 from specjax.models.hf_layout import (COPY, TRANSPOSE, Entry, _iter_hf_tensors, _SafetensorsReader,
@@ -109,8 +111,9 @@ def _read_tensors(path: str, safetensors_name: str = SAFETENSORS_NAME,
 
 def load_head(path: str | os.PathLike, dtype: str | None = None
               ) -> EagleHead | Eagle3Head | MedusaHead:
-  """The EAGLE-1/2, EAGLE-3 or Medusa head(s) in directory ``path`` (the published layouts
-  above; Medusa's: ``specjax.heads.medusa``), told apart by config.json and the tensors."""
+  """The EAGLE-1/2, EAGLE-3, Medusa or Hydra head(s) in directory ``path`` (the published
+  layouts above; Medusa's and Hydra's: ``specjax.heads.medusa`` / ``hydra``), told apart by
+  config.json and the tensors."""
   path = os.fspath(path)
   config_file = os.path.join(path, CONFIG_NAME)
   if not os.path.isfile(config_file):
@@ -119,9 +122,10 @@ def load_head(path: str | os.PathLike, dtype: str | None = None
                             f".pt for Medusa heads)")
   with open(config_file) as f:
     hf = json.load(f)
-  if is_medusa_config(hf):
-    tensors = _read_tensors(path, f"{MEDUSA_FILE}.safetensors", f"{MEDUSA_FILE}.pt")
-    return load_medusa(hf, tensors, path, dtype)
+  for is_kind, name, load in ((is_medusa_config, MEDUSA_FILE, load_medusa),
+                               (is_hydra_config, HYDRA_FILE, load_hydra)):
+    if is_kind(hf):
+      return load(hf, _read_tensors(path, f"{name}.safetensors", f"{name}.pt"), path, dtype)
   config = from_hf_dict({"model_type": "llama", **hf}, dtype=dtype)
   if hf.get("qkv_bias"):
     config = dataclasses.replace(config, attention_bias=True, attention_out_bias=False)
@@ -241,13 +245,14 @@ def save_head(head: EagleHead | Eagle3Head | MedusaHead, path: str | os.PathLike
   ``embed_tokens.weight`` from ``target`` when given, else the head's own if it has one (the
   repository's strict EAGLE-1 load wants it)."""
   path = os.fspath(path)
-  if isinstance(head, MedusaHead):
-    hf, tensors = medusa_files(head)
-    _write_head(path, hf, tensors, f"{MEDUSA_FILE}.safetensors")
-    return
+  for kind, files, name in ((MedusaHead, medusa_files, MEDUSA_FILE),
+                            (HydraHead, hydra_files, HYDRA_FILE)):
+    if isinstance(head, kind):
+      _write_head(path, *files(head), f"{name}.safetensors")
+      return
   config = head.config if isinstance(head, (EagleHead, Eagle3Head)) else None
   if config is None:
-    raise ValueError(f"head must be an EAGLE-1/2, EAGLE-3 or Medusa head, got "
+    raise ValueError(f"head must be an EAGLE-1/2, EAGLE-3, Medusa or Hydra head, got "
                      f"{type(head).__name__}")
   qkv_bias = config.attention_bias and not config.attention_out_bias
   plain = dataclasses.replace(config, attention_bias=config.attention_bias and not qkv_bias)

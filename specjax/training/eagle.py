@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import pathlib
 import time
 
 import jax
@@ -51,15 +50,15 @@ from flax import nnx
 
 from specjax.heads.eagle import init_head
 from specjax.heads.eagle3 import Eagle3Head, init_head3
-from specjax.training.checkpoint import checkpoint_manager, restore_checkpoint, save_checkpoint
 from specjax.training.eagle_data import (answer_rows, draft_vocabulary, eagle_rows,  # noqa: F401
                                          extract_features, feature_layers_of)
 from specjax.training.eagle_eval import eagle_acceptance, ttt_agreement
 from specjax.training.eagle_forward import (Spec, head_logits, smooth_l1, soft_cross_entropy,
                                             step_inputs, step_mask, ttt_forward)
 from specjax.training.forward import mm, split
-from specjax.training.optim import learning_rate, make_optimizer
-from specjax.training.progress import bar, fmt_seconds, log
+from specjax.training.head_loop import log_times, row_weights, train_head_steps
+from specjax.training.optim import make_optimizer
+from specjax.training.progress import log
 
 
 def eagle_defaults(**overrides):
@@ -202,13 +201,6 @@ def _consts(target, head, loss_ids=None) -> dict:
   return consts
 
 
-def _rows(seed: int, step: int, n: int, batch_size: int, p=None) -> np.ndarray:
-  """The rows of batch ``step`` (distinct when there are enough; ``p``: sampling weights): a
-  pure function of ``(seed, step)``."""
-  rng = np.random.default_rng([seed, step])
-  return np.sort(rng.choice(n, batch_size, replace=batch_size > n, p=p))
-
-
 def _check(cfg, tokens, mask, eval_rows: int, eagle3: bool) -> tuple[int, int]:
   steps, k = int(cfg.steps), int(cfg.ttt_steps) if eagle3 else 1
   if steps < 1:
@@ -251,13 +243,7 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
   eagle3 = isinstance(head, Eagle3Head)
   steps, k = _check(cfg, tokens, mask, eval_rows, eagle3)
   n_train = len(tokens) - eval_rows
-  p = None
-  if weights is not None:
-    w = np.asarray(weights, np.float64)
-    if w.shape != (n_train,) or np.any(w < 0) or not w.sum() > 0:
-      raise ValueError(f"weights must be {n_train} non-negative numbers (one per training row) "
-                       f"with a positive sum, got shape {w.shape}")
-    p = w / w.sum()
+  p = row_weights(weights, n_train)
   report = {"kind": "eagle3" if eagle3 else "eagle", "rows": int(len(tokens)),
             "seq_len": int(tokens.shape[1]), "loss_tokens": int(mask[:n_train].sum()),
             "seconds": {}}
@@ -275,52 +261,16 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
     loss_ids = draft_vocabulary(tokens[:n_train], mask[:n_train], int(cfg.loss_vocab),
                                 target.config.vocab_size)
   consts = _consts(target, head, loss_ids)
+  log(f"{name}: {sum(x.size for x in jax.tree.leaves(split(head, cfg.frozen)[1])) / 1e6:.2f}M "
+      f"params, {report['loss_tokens']:,} loss tokens in {n_train} rows of {tokens.shape[1]}, "
+      f"{steps} steps of {cfg.batch_size} rows, {k} TTT step(s)")
+  head, run = train_head_steps(
+      name, head, step_fn, tx, data, consts, cfg, n_train, p, checkpoint_dir,
+      postfix=lambda entry: f"loss {entry['loss']:.3f} acc0 {entry['acc'][0]:.3f}")
+  stop = run["steps"]
+  report["seconds"]["train"] = run.pop("seconds")
+  report.update(run, config=cfg.to_dict())
   graphdef, params, rest = split(head, cfg.frozen)
-  params = jax.tree.map(jnp.array, params)  # copies: the step donates its parameters
-  opt_state = tx.init(params)
-  mngr = checkpoint_manager(pathlib.Path(checkpoint_dir), cfg) if checkpoint_dir else None
-  start, prior = 0, 0.0
-  if mngr is not None and mngr.latest_step() is not None:
-    start, params, opt_state, prior = restore_checkpoint(mngr, params, opt_state)
-    log(f"{name}: resumed from checkpoint at step {start}")
-  log(f"{name}: {sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M params, "
-      f"{report['loss_tokens']:,} loss tokens in {n_train} rows of {tokens.shape[1]}, "
-      f"steps {start}->{steps}, batch {cfg.batch_size}, {k} TTT step(s)")
-  t1, history, pending = time.time(), [], []
-  progress = bar(steps, start, name)
-  base_key = jax.random.key(int(cfg.seed))
-  stop = steps if not cfg.max_steps_per_run else min(steps, start + int(cfg.max_steps_per_run))
-  for step in range(start, stop):
-    rows = _rows(int(cfg.seed), step, n_train, int(cfg.batch_size), p)
-    batch = {key: jnp.asarray(v[rows]) for key, v in data.items()}
-    params, opt_state, metrics = step_fn(graphdef, params, rest, opt_state, batch,
-                                         jnp.float32(learning_rate(cfg, step)), consts,
-                                         jax.random.fold_in(base_key, step))
-    pending.append(metrics)
-    done = step + 1
-    if done % int(cfg.log_every) == 0 or done == stop:
-      host = jax.device_get(pending)
-      pending = []
-      entry = {"step": done, "time": time.time() - t1, "lr": learning_rate(cfg, step)}
-      for key in host[0]:
-        entry[key] = np.mean([h[key] for h in host], axis=0).tolist()
-      history.append(entry)
-      if progress is not None:
-        progress.set_postfix_str(f"loss {entry['loss']:.3f} acc0 {entry['acc'][0]:.3f}")
-    if progress is not None:
-      progress.update(1)
-    if mngr is not None:
-      save_checkpoint(mngr, done, params, opt_state, prior + time.time() - t1,
-                      force=done == stop)
-  if progress is not None:
-    progress.close()
-  if mngr is not None:
-    mngr.wait_until_finished()
-    mngr.close()
-  report["seconds"]["train"] = time.time() - t1
-  report.update(steps=stop, start_step=start, stopped_early=stop < steps, history=history,
-                config=cfg.to_dict())
-  head = nnx.merge(graphdef, params, rest)
   t2 = time.time()
   if eval_rows and stop == steps:
     held = {key: v[n_train:] for key, v in data.items()}
@@ -334,9 +284,7 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
     log(f"{name}: greedy acceptance per position at gamma {eval_gamma}: "
         + " ".join(f"{a:.3f}" for a in report["acceptance"]["per_position"]))
   report["seconds"]["eval"] = time.time() - t2
-  log(f"{name}: trained in {fmt_seconds(report['seconds']['train'])} "
-      f"(features {fmt_seconds(report['seconds']['features'])}, "
-      f"evaluation {fmt_seconds(report['seconds']['eval'])})")
+  log_times(name, report["seconds"])
   return head, report
 
 

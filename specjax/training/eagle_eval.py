@@ -57,14 +57,23 @@ def eagle_acceptance(target, head, prompts, gamma: int = 4, max_new_tokens: int 
   position i's acceptance (``stats.accepted_per_position / proposed_per_position``: the chance
   that the first i + 1 drafts all pass), ``conditional`` (position i's given position i - 1's:
   the EAGLE papers' n-alpha), the overall acceptance rate and tokens per target call."""
-  from specjax.decoding.generate import generate
   from specjax.decoding.head_methods import Eagle
 
-  out = generate(target, [list(p) for p in prompts], Eagle(head, gamma=gamma),
-                 max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
+  return method_acceptance(target, Eagle(head, gamma=gamma), prompts, max_new_tokens,
+                           eos_token_id)
+
+
+def method_acceptance(target, method, prompts, max_new_tokens: int = 64,
+                      eos_token_id=None) -> dict:
+  """Greedy ``method`` (a chain of ``method.gamma``) on ``prompts`` in one batch: the figures
+  ``eagle_acceptance`` describes."""
+  from specjax.decoding.generate import generate
+
+  out = generate(target, [list(p) for p in prompts], method, max_new_tokens=max_new_tokens,
+                 eos_token_id=eos_token_id)
   s = out.stats
   per = [float(a) for a in s.acceptance_by_position]
   cond = [a / b if b > 0 else float("nan") for a, b in zip(per, [1.0] + per[:-1])]
-  return {"gamma": gamma, "per_position": per, "conditional": cond,
+  return {"gamma": int(method.gamma), "per_position": per, "conditional": cond,
           "acceptance_rate": float(s.acceptance_rate),
           "tokens_per_call": float(s.tokens_per_target_call)}
