@@ -132,10 +132,11 @@ def head_method(s: dict, head):
   method = (sj.Medusa if isinstance(head, MedusaHead) else
             sj.Hydra if isinstance(head, HydraHead) else sj.Eagle)
   try:
+    lossy = {"verify": "typical"} if s.get("verify") == "typical" else {}
     if s["gamma"] is not None:
-      return method(head, gamma=int(s["gamma"]))
+      return method(head, gamma=int(s["gamma"]), **lossy)
     tree, children = tree_of(s["tree"])
-    return method(head, tree=tree, children=children)
+    return method(head, tree=tree, children=children, **lossy)
   except ValueError as e:  # e.g. a gamma or a tree deeper than the Medusa heads
     raise ConfigError(f"{method.__name__} with {s['gamma'] or s['tree']}: {e}") from None
 

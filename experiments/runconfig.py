@@ -63,6 +63,8 @@ def sweep_values(config, method: str) -> tuple:
   return tuple(config[sweep]) if sweep else (None,)
 
 
+TYPICAL_METHODS = ("medusa", "hydra")  # the methods head_verify="typical" applies to
+
 def setting(config, method: str, value, temperature: float = 0.0, mesh: str = "") -> dict:
   """One setting: a method at one value of its sweep (``gamma``, or ``tree`` for tree and
   lookahead specs), one temperature and one mesh."""
@@ -73,9 +75,11 @@ def setting(config, method: str, value, temperature: float = 0.0, mesh: str = ""
                 base=config.adaptive_method, temperature=float(temperature),
                 top_k=int(config.top_k), top_p=float(config.top_p), mesh=mesh)
   gamma_sweep = sweep == "gammas" or (sweep == HEAD_SWEEP and not isinstance(value, str))
+  lossy = method in TYPICAL_METHODS and config.head_verify == "typical" and temperature > 0
   return dict(method=method, gamma=value if gamma_sweep else None,
               tree=None if gamma_sweep else value, temperature=float(temperature),
-              top_k=int(config.top_k), top_p=float(config.top_p), mesh=mesh)
+              top_k=int(config.top_k), top_p=float(config.top_p), mesh=mesh,
+              **({"verify": "typical"} if lossy else {}))
 
 
 def setting_key(s: dict) -> tuple:
@@ -89,7 +93,8 @@ def setting_label(s: dict) -> str:
       f" g={s['gamma']}" if s["gamma"] is not None else "")
   tree = f" {s['tree']}" if s.get("tree") else ""
   mesh = f" mesh={s['mesh']}" if s.get("mesh") else ""
-  return f"{s['method']}{g}{tree}{mesh} T={s['temperature']:g}"
+  lossy = " typical(LOSSY)" if s.get("verify") == "typical" else ""
+  return f"{s['method']}{g}{tree}{lossy}{mesh} T={s['temperature']:g}"
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -152,6 +157,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eagle_head = AUTO
   c.eagle3_head = AUTO
   c.medusa_heads = AUTO
+  # Methods medusa / hydra at T > 0: "exact" (the lossless tree and chain rules) or "typical"
+  # (Medusa's typical acceptance, epsilon 0.09, delta 0.3: LOSSY, labelled so in the report).
+  c.head_verify = "exact"
   c.hydra_heads = AUTO
   # Retrieval (method "retrieval", REST: sj.Retrieval; method "suffix", SuffixDecoding: the same
   # with per_request=True, each row's own text beside the datastore), swept over gammas
@@ -322,8 +330,11 @@ def validate(config) -> None:
       parse(spec)
     if len(set(specs)) != len(specs):
       raise ConfigError(f"{field} lists a spec twice: {list(specs)}")
+  static_heads = [m for m in config.methods if m in TYPICAL_METHODS]
   for spec in tuple(config.head_trees):
-    parse_head_tree_spec(spec)
+    if parse_head_tree_spec(spec)[0] == "dynamic" and static_heads:
+      raise ConfigError(f"head_trees spec {spec!r}: methods {', '.join(static_heads)} draft "
+                        f"static trees only (their heads do not rerank per row)")
   if len(set(config.head_trees)) != len(tuple(config.head_trees)):
     raise ConfigError(f"head_trees lists a spec twice: {list(config.head_trees)}")
   _check_int(config, "max_ngram", 1)
@@ -359,6 +370,8 @@ def validate(config) -> None:
   hf_methods = [m for m, t in table.items() if t.hf]
   if hf_methods and any(meshes):
     raise ConfigError("hf_* methods run transformers on one device: drop them or the meshes")
+  if config.head_verify not in ("exact", "typical"):
+    raise ConfigError(f"head_verify must be 'exact' or 'typical', got {config.head_verify!r}")
   if config.draft_sharding not in options.DRAFT_SHARDINGS:
     raise ConfigError(f"draft_sharding must be one of {', '.join(options.DRAFT_SHARDINGS)}, got "
                       f"{config.draft_sharding!r}")

@@ -232,7 +232,10 @@ class ConfigErrorTest(parameterized.TestCase):
     return [a.format(**self.dirs) for a in args]
 
   @parameterized.named_parameters(
-      ("unknown_method", ["--config.methods=autoregressive,medusa"], "unknown method 'medusa'"),
+      ("unknown_method", ["--config.methods=autoregressive,mystery"], "unknown method 'mystery'"),
+      ("dynamic_tree_for_medusa", ["--config.methods=autoregressive,medusa",
+                                   "--config.head_trees=dynamic:2x2x3"],
+       "methods medusa draft static trees only"),
       ("missing_checkpoint_dir", ["--config.target=/nonexistent/specjax-ckpt"],
        "target checkpoint directory /nonexistent/specjax-ckpt does not exist"),
       ("missing_weights", ["--config.target={noweights}", "--config.draft={noweights}"],
@@ -305,6 +308,8 @@ class ConfigErrorTest(parameterized.TestCase):
                                                "--config.adaptive_method=jacobi"],
        "adaptive rule 'confidence' stops a draft model by its own probabilities; adaptive_method "
        "'jacobi' has none"),
+      ("head_verify", ["--config.methods=autoregressive,medusa", "--config.head_verify=loose"],
+       "head_verify must be 'exact' or 'typical', got 'loose'"),
       ("auto_head_for_another_target", ["--config.methods=autoregressive,eagle",
                                         "--config.target={v100}", "--config.draft={v100}"],
        "eagle_head='auto' has a built-in head for SmolLM2 only"),
@@ -333,7 +338,7 @@ import importlib.util
 spec = importlib.util.spec_from_file_location("tiny", {str(REPO / "configs" / "tiny.py")!r})
 tiny = importlib.util.module_from_spec(spec); spec.loader.exec_module(tiny)
 from experiments import run, runconfig
-cases = [dict(methods=("autoregressive", "medusa")), dict(gammas=(0,)), dict(temperatures=(-1.0,)),
+cases = [dict(methods=("autoregressive", "mystery")), dict(gammas=(0,)), dict(temperatures=(-1.0,)),
          dict(target="/nonexistent"), dict(target={self.dirs['v100']!r}, draft={self.dirs['v200']!r})]
 for overrides in cases:
   config = tiny.get_config()
@@ -562,6 +567,17 @@ class TreeRunTest(absltest.TestCase):
       self.assertAlmostEqual(e["iteration_cost"], c + e["verify_cost"])
     self.assertIn("medusa comb:2x2", md)
 
+  def test_typical_settings_are_labelled_lossy(self):
+    """head_verify="typical" marks medusa/hydra settings at T > 0 (their label and rows), and
+    only those: greedy runs verify greedily, other methods are untouched."""
+    from experiments import runconfig
+    config = runconfig.base_config()
+    config.head_verify = "typical"
+    hot, cold = (runconfig.setting(config, "medusa", 2, t) for t in (1.0, 0.0))
+    self.assertEqual(runconfig.setting_label(hot), "medusa g=2 typical(LOSSY) T=1")
+    self.assertEqual(runconfig.setting_label(cold), "medusa g=2 T=0")
+    self.assertNotIn("verify", runconfig.setting(config, "eagle", 2, 1.0))
+
   def test_draft_free_settings_get_the_cost_model(self):
     """Every draft-free setting: v = the measured pass over 1 + its guesses in target steps, and
     the modelled speedup = tokens per iteration / v (times the rows kept busy)."""
@@ -704,7 +720,8 @@ class TreeVsChainTest(absltest.TestCase):
         "head_trees=dynamic:2x2x3/comb:2x2:top_k")
     # Every specjax method (REST's "retrieval" needs a datastore on disk; "suffix", the same
     # proposer, runs on the rows' own text).
-    config.methods = tuple(m for m, e in methods.METHODS.items() if not e.hf and m != "retrieval")
+    config.methods = tuple(m for m, e in methods.METHODS.items()
+                           if not e.hf and m not in ("retrieval", "medusa", "hydra"))
     runconfig.validate(config)
     built = {}
     for name in config.methods:
@@ -732,6 +749,17 @@ class TreeVsChainTest(absltest.TestCase):
       self.assertEqual(methods.METHODS[name].pass_tokens(
           config, runconfig.setting(config, name, "dynamic:2x2x3")), 3)
     self.assertEqual(runconfig.pass_room(config), (2 + 2) * (3 - 1) - 1)  # the lookahead window
+    # Medusa and Hydra (static trees only: a dynamic spec is refused by validate)
+    from specjax.heads.hydra import init_hydra
+    from specjax.heads.medusa import init_medusa
+    config.methods, config.head_trees = ("medusa", "hydra"), ("comb:2x2:top_k",)
+    runconfig.validate(config)
+    heads = {"medusa_heads": init_medusa(target.config), "hydra_heads": init_hydra(target.config)}
+    for name, kind in (("medusa", sj.Medusa), ("hydra", sj.Hydra)):
+      chain, tree = (methods.METHODS[name].build(config, runconfig.setting(config, name, v), heads)
+                     for v in (2, "comb:2x2:top_k"))
+      self.assertIsInstance(chain, kind)
+      self.assertEqual((chain.gamma, tree.children), (2, "top_k"))
     self.assertEqual(methods.METHODS["hf_prompt_lookup"].build(
         config, runconfig.setting(config, "hf_prompt_lookup", 3), {}),
         dict(prompt_lookup_num_tokens=3, max_matching_ngram_size=int(config.max_ngram)))
