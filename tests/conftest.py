@@ -26,11 +26,16 @@ QUICK_COMPILE = "--xla_backend_optimization_level=0"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {QUICK_COMPILE}".strip()
 
-# The longest files (minutes each; pytest-xdist --dist loadfile hands out whole files in
-# collection order), collected first so that the two workers finish together instead of one
-# starting a long file while the other sits idle at the end.
-LONGEST_FIRST = ("test_run.py", "test_sharding.py", "test_laws.py", "test_gguf.py",
-                 "test_notebooks.py", "test_multihost.py", "test_speculative.py",
+# The longest files (minutes each), collected first, longest first, so that the two workers
+# finish together instead of one starting a long file while the other sits idle at the end.
+# pytest-xdist --dist loadfile hands out whole files in collection order only with
+# --no-loadscope-reorder (setup.cfg): by default it reorders files by their number of tests,
+# which put test_sharding.py (one test, ~3 minutes) and test_multihost.py last. Order: the
+# per-file seconds of a 2-worker run on the 2-core box (update when a file's time changes a lot).
+LONGEST_FIRST = ("test_laws.py", "test_eagle.py", "test_run.py", "test_adaptive.py",
+                 "test_eagle3.py", "test_sharding.py", "test_tree_speculative.py",
+                 "test_retrieval.py", "test_gguf.py", "test_tree_verify.py", "test_speculative.py",
+                 "test_dynamic_tree.py", "test_multihost.py", "test_notebooks.py",
                  "test_smollm2_draft.py")
 
 

@@ -39,6 +39,19 @@ means, how much data backs it and how it fails are the same for every method:
   (1e-6 allows float round-off between the two passes' logits; the tabular models' are
   bit-identical).
 
+* **How it runs.** A transformer's law run is one compiled loop over tens of thousands of rows,
+  so running the program dominates, not compiling it: ``sj.generate`` runs with the loop compiled at
+  ``LAW_RUN_OPTIONS`` (LLVM optimisation level 1, where ``tests/conftest.py`` sets 0 for the
+  suite's many small programs): the same ``loop.decode`` and HLO, no fast-math, about half the
+  run time for a little more compile time (an EAGLE chain law run, 62k rows: the loop's run
+  33 s -> 17 s; the whole test 41 -> 33 CPU-s).
+  Each run compiles afresh: a new ``jax.jit`` of a new Python function per call (JAX caches
+  traces per function, so a jit of ``loop.decode`` itself could hand a test's patched mutant the
+  clean trace); XLA's persistent cache still serves identical programs. A tabular model's run
+  (a table lookup per token) is cheap and compiling dominates: plain ``sj.generate`` (measured: no
+  gain at level 1; nor for ``generate_rowwise``'s tabular runs in tests/test_adaptive.py: 27 CPU-s
+  at level 0, 31 at 1).
+
 Mutation controls (``tests/test_laws.py``) patch the real code with a known bug and assert that
 the same harness rejects it (``p < 1e-12``) while the clean code passes (``p > 1e-3``).
 """
@@ -51,12 +64,14 @@ import itertools
 import math
 import tempfile
 from typing import Callable, Sequence
+from unittest import mock
 
 import jax
 import numpy as np
 from scipy import stats as scipy_stats
 
 import specjax as sj
+from specjax.decoding import loop
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests import tabular
@@ -76,6 +91,7 @@ MUTANT_CEILING = 1e-12  # ... and the mutant must be rejected below this
 TV_DETECT = 0.03  # total-variation error that each tested table detects ...
 POWER = 0.99  # ... with this probability
 ROUND_OFF = 1e-6  # per-position rejection probability allowed when draft == target
+LAW_RUN_OPTIONS = {"xla_backend_optimization_level": 1}  # see "How it runs" above
 
 
 # ----------------------------------------------------------------------------- sample size
@@ -240,7 +256,8 @@ def check_law(target: sj.Transformer, method, sampling: sj.Sampling,
   batch = [list(prompts[b % len(prompts)]) for b in range(rows * len(prompts))]
   if rowwise and len(prompts) != 1:
     raise ValueError(f"rowwise runs one prompt, got {len(prompts)}")
-  run = generate_rowwise if rowwise else sj.generate
+  run = generate_rowwise if rowwise else (
+      sj.generate if isinstance(target, tabular.TabularLM) else _generate)
   out = run(target, batch, method=method, sampling=sampling, max_new_tokens=n_tokens,
             key=jax.random.key(seed), eos_token_id=eos_token_id)
   tokens = np.asarray(out.tokens)
@@ -255,12 +272,29 @@ def check_law(target: sj.Transformer, method, sampling: sj.Sampling,
                   tokens=per_prompt)
 
 
+def _law_jit(fn, **kwargs):
+  """``jax.jit`` of a new function that calls ``fn``, compiled with ``LAW_RUN_OPTIONS``. New
+  per call: JAX caches traces per function (not per ``jax.jit`` object), so a jit of ``fn``
+  itself could reuse the clean trace inside a test's patch, or a mutant's after it."""
+  fresh = functools.wraps(fn)(lambda *args, **kw: fn(*args, **kw))
+  return jax.jit(fresh, compiler_options=LAW_RUN_OPTIONS, **kwargs)
+
+
+def _generate(*args, **kwargs) -> sj.GenerateOutput:
+  """``sj.generate`` itself, its loop (``loop.decode``, the static arguments of
+  ``loop.decode_jit``) jitted by ``_law_jit`` for this call."""
+  decode = _law_jit(loop.decode, static_argnums=(0, 2), static_argnames=(
+      "sampling", "max_new_tokens", "eos_ids", "cache_length", "placement"))
+  with mock.patch.object(loop, "decode_jit", decode):
+    return sj.generate(*args, **kwargs)
+
+
 def generate_rowwise(target, prompts, method, sampling, max_new_tokens, key, eos_token_id=None):
   """``sj.generate``'s output for ``prompts`` (of one length) run as independent batches of one
   row, the loop vmapped over the rows' keys (row i: ``fold_in(key, i)``). Under ``vmap`` the
   loop's ``lax.switch`` runs every branch and keeps each row's own: the same law per row as a
   batch-of-one run. Outputs and stats lead with the row axis."""
-  from specjax.decoding import generate as generate_lib, loop
+  from specjax.decoding import generate as generate_lib
 
   args, kwargs = generate_lib._loop_arguments(  # pylint: disable=protected-access
       target, prompts[:1], method, sampling, max_new_tokens, key, eos_token_id, None, None,
