@@ -50,7 +50,7 @@ class EagleHead(nnx.Module):
     pairs, written into ``cache`` like ``Transformer.__call__`` writes tokens (same masks)."""
     positions, mask, write = attention_layout(self.config, embeds.shape[:2], cache, tree_mask,
                                               depths)
-    x = self.fc(jnp.concatenate([embeds, features.astype(embeds.dtype)], axis=-1))
+    x = self.fc(self.fc_input(embeds, features.astype(embeds.dtype)))
     rope = rotary(self.inv_freq[...], positions, x.dtype)
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
@@ -58,6 +58,10 @@ class EagleHead(nnx.Module):
       new_k.append(k)
       new_v.append(v)
     return x, cache.replace(k=tuple(new_k), v=tuple(new_v))
+
+  def fc_input(self, embeds: jax.Array, features: jax.Array) -> jax.Array:
+    """[..., 2E] what ``fc`` mixes: ``[embedding ; feature]`` (``MTPHead`` normalises both)."""
+    return jnp.concatenate([embeds, features], axis=-1)
 
   # What every head offers the proposer and the trainer (``Eagle3Head`` too):
 
