@@ -124,8 +124,9 @@ def parse_head_tree_spec(spec: str):
 
 
 def head_method(s: dict, head):
-  """``sj.Eagle`` (``sj.Medusa`` / ``sj.Hydra`` / ``sj.MTP`` for those heads) of setting ``s`` with ``head``: a chain of
-  ``s["gamma"]`` drafts or the tree of ``s["tree"]`` (``tree_method``'s shapes)."""
+  """``sj.Eagle`` (``sj.Medusa`` / ``sj.Hydra`` / ``sj.MTP`` for those heads) of setting ``s``
+  with ``head``: a chain of ``s["gamma"]`` drafts or the tree of ``s["tree"]`` (``tree_method``'s
+  shapes)."""
   import specjax as sj
   from specjax.heads.hydra import HydraHead
   from specjax.heads.medusa import MedusaHead

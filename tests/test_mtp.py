@@ -83,8 +83,9 @@ class GreedyTest(absltest.TestCase):
   def test_chain_and_tree_match_autoregressive(self):
     target = random_transformer(TF_CONFIG, 0)
     expected = greedy_reference(TF_CONFIG, GREEDY_NEW)
-    for method in (sj.MTP(random_mtp(TF_CONFIG, 1), gamma=3),
-                   sj.MTP(random_mtp(TF_CONFIG, 2, own_head=True), tree=TREE,
+    # seed 4: modules whose drafts pass now and then (random ones often never match)
+    for method in (sj.MTP(random_mtp(TF_CONFIG, 4), gamma=3),
+                   sj.MTP(random_mtp(TF_CONFIG, 4, own_head=True), tree=TREE,
                           children="top_k")):
       out = sj.generate(target, GREEDY_PROMPTS, method, max_new_tokens=GREEDY_NEW)
       np.testing.assert_array_equal(out.tokens, expected)

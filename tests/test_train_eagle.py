@@ -229,7 +229,8 @@ class ErrorsTest(absltest.TestCase):
       et.draft_vocabulary(tokens, mask, 17, 16)
     with self.assertRaisesRegex(ValueError, "seq_len 2 is too short"):
       et.answer_rows([[1]], [[2]], 2)
-    with self.assertRaisesRegex(ValueError, "head kind must be 'eagle', 'eagle3' or 'mtp', got 'x'"):
+    with self.assertRaisesRegex(ValueError,
+                                "head kind must be 'eagle', 'eagle3' or 'mtp', got 'x'"):
       et.init_eagle_head(target, "x")
 
 

@@ -1,6 +1,6 @@
 """Decoding methods whose proposer is a trained head on the target's own hidden states: EAGLE
-(``Eagle``), DeepSeek-V3's MTP modules (``MTP``), Medusa (``Medusa``) and Hydra (``Hydra``). Same protocol as
-``specjax.decoding.methods``."""
+(``Eagle``), DeepSeek-V3's MTP modules (``MTP``), Medusa (``Medusa``) and Hydra (``Hydra``).
+Same protocol as ``specjax.decoding.methods``."""
 
 from __future__ import annotations
 

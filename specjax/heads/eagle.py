@@ -31,6 +31,8 @@ class EagleHead(nnx.Module):
   """``config``: the head's decoder (the target's sizes, ``num_layers`` head layers, Llama
   family); layer 0 has no input norm, later ones have (as in the repository)."""
 
+  FIRST_INPUT_NORM = False  # ``MTPHead``: True (DeepSeek's MTP block is a full decoder layer)
+
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs, fc_bias: bool = True):
     if not config.is_llama_family:
       raise ValueError(f"EAGLE heads are Llama-family decoder layers, got model_type "
@@ -39,7 +41,7 @@ class EagleHead(nnx.Module):
     e = config.hidden_size
     self.config = config
     self.fc = Dense(rngs, 2 * e, e, (None, "embed"), fc_bias, dtype)
-    self.layers = nnx.List([Block(config, rngs, dtype, input_norm=i > 0)
+    self.layers = nnx.List([Block(config, rngs, dtype, input_norm=i > 0 or self.FIRST_INPUT_NORM)
                             for i in range(config.num_layers)])
     self.inv_freq = nnx.Variable(jnp.asarray(rope_inverse_frequencies(config)))  # not a Param
     self.embed = nnx.data(None)  # nnx.Param [V, E] when a checkpoint carried the target embedding

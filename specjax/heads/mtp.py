@@ -50,13 +50,15 @@ from specjax.heads.eagle import EagleHead, head_config
 from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
 from specjax.models.hf_layout import (COPY, TRANSPOSE, Entry, _iter_hf_tensors, _SafetensorsReader,
                                       fill_from_hf, linear, llama_layer)
-from specjax.models.transformer import NORMED, Block, Norm, _param
+from specjax.models.transformer import NORMED, Norm, _param
 
 
 class MTPHead(EagleHead):
   """``config``: the module's (the target's sizes, ``num_layers=1``, Llama family);
   ``layer_index``: its index in the published checkpoint, the target's ``num_hidden_layers``;
   ``own_head``: whether it has its own ``[E, V]`` output matrix (else the target's LM head)."""
+
+  FIRST_INPUT_NORM = True  # the block keeps its input norm: DeepSeek's mtp_block is a full layer
 
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs, layer_index: int,
                own_head: bool = False):
@@ -67,8 +69,6 @@ class MTPHead(EagleHead):
                        f"{layer_index!r}")
     super().__init__(config, rngs, fc_bias=False)
     dtype = jnp.dtype(config.dtype)
-    # The block keeps its input norm (DeepSeek's mtp_block is a full decoder layer).
-    self.layers = nnx.List([Block(config, rngs, dtype, input_norm=True)])
     self.enorm = Norm(config, dtype)
     self.hnorm = Norm(config, dtype)
     self.norm = Norm(config, dtype)  # shared_head.norm

@@ -15,13 +15,13 @@ chain's entries, so a TTT step equals the inference path run autoregressively on
 predictions (``tests/test_train_eagle.py`` checks both, to 1e-5).
 
 The heads (``EagleHead``'s ``fc`` + decoder layers, ``MTPHead``'s the same over its normed
-inputs (``fc_input``), ``Eagle3Head``'s midlayer over ``[norm(embedding) ; norm(hidden)]``) run here with their own parameters and norms; only the
-attention is written out (``_attend``), the matmuls in ``compute_dtype`` with float32
-accumulation (``forward.mm``: bfloat16 operands use the CPU's fast kernels, and the gradient keeps
-that form). ``Spec``, ``step_inputs``, ``step_mask`` and ``predicted`` lay a batch of rows out
-for the steps (the loss in ``eagle``, the agreement in ``eagle_eval``): row token ``t + k + 2``
-is what step ``k`` predicts at position ``t``, with the target's normed feature at ``t + k + 1``
-as its soft label.
+inputs (``fc_input``), ``Eagle3Head``'s midlayer over ``[norm(embedding) ; norm(hidden)]``) run
+here with their own parameters and norms; only the attention is written out (``_attend``), the
+matmuls in ``compute_dtype`` with float32 accumulation (``forward.mm``: bfloat16 operands use the
+CPU's fast kernels, and the gradient keeps that form). ``Spec``, ``step_inputs``, ``step_mask``
+and ``predicted`` lay a batch of rows out for the steps (the loss in ``eagle``, the agreement in
+``eagle_eval``): row token ``t + k + 2`` is what step ``k`` predicts at position ``t``, with the
+target's normed feature at ``t + k + 1`` as its soft label.
 """
 
 from __future__ import annotations
@@ -93,10 +93,11 @@ def _mlp(layer, x, compute_dtype):
 
 def head_step(head, embeds: jax.Array, hidden: jax.Array, past: list, step: int,
               compute_dtype=None) -> tuple[jax.Array, list]:
-  """One TTT step of ``head`` (``EagleHead``, ``MTPHead`` or ``Eagle3Head``) over ``T`` positions: predicted
-  features [B, T, E] float32 of the pairs (``embeds`` [B, T, E], the head's input ``hidden``
-  [B, T, E]: ``from_target``'s output at step 0, the previous step's output later), and each
-  layer's (keys, values). ``past``: per head layer, the earlier steps' (keys, values)."""
+  """One TTT step of ``head`` (``EagleHead``, ``MTPHead`` or ``Eagle3Head``) over ``T``
+  positions: predicted features [B, T, E] float32 of the pairs (``embeds`` [B, T, E], the head's
+  input ``hidden`` [B, T, E]: ``from_target``'s output at step 0, the previous step's output
+  later), and each layer's (keys, values). ``past``: per head layer, the earlier steps' (keys,
+  values)."""
   embeds, hidden = embeds.astype(jnp.float32), hidden.astype(jnp.float32)
   rope = _rope(head.inv_freq[...], embeds.shape[1], step)
   if isinstance(head, Eagle3Head):
