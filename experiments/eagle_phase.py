@@ -1,4 +1,5 @@
-"""The head phase of ``experiments/train.py``: an EAGLE-1 or EAGLE-3 head or Medusa heads for
+"""The head phase of ``experiments/train.py``: an EAGLE-1 or EAGLE-3 head, a DeepSeek-V3 MTP
+module (configs/train_mtp_smollm2.py) or Medusa heads for
 ``config.teacher`` (the target), trained on its own greedy answers with
 ``specjax.training.eagle`` / ``specjax.training.medusa``.
 
@@ -53,8 +54,9 @@ def base_config():
   c.corpus = ml_collections.ConfigDict(dict(max_train_bytes=1_000_000, chat_bytes=400_000,
                                             seed=0))  # the stdlib and the reference chats
   c.eagle = ml_collections.ConfigDict(dict(
-      kind="eagle3",           # "eagle" (EAGLE-1/2), "eagle3", "medusa" or "hydra" (these two:
-                               # train = medusa_defaults)
+      kind="eagle3",           # "eagle" (EAGLE-1/2), "eagle3", "mtp" (a DeepSeek-V3 MTP
+                               # module), "medusa" or "hydra" (these two: train =
+                               # medusa_defaults)
       num_layers=1,            # EAGLE-1/2: decoder layers of the head; Medusa: blocks per head
       medusa_heads=4,          # Medusa / Hydra: heads (head k guesses the token k + 2 ahead)
       own_lm_head=False,       # Medusa: a projection per head (the released layout) or the

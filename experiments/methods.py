@@ -124,13 +124,16 @@ def parse_head_tree_spec(spec: str):
 
 
 def head_method(s: dict, head):
-  """``sj.Eagle`` (``sj.Medusa`` / ``sj.Hydra`` for those heads) of setting ``s`` with ``head``: a chain of
-  ``s["gamma"]`` drafts or the tree of ``s["tree"]`` (``tree_method``'s shapes)."""
+  """``sj.Eagle`` (``sj.Medusa`` / ``sj.Hydra`` / ``sj.MTP`` for those heads) of setting ``s``
+  with ``head``: a chain of ``s["gamma"]`` drafts or the tree of ``s["tree"]`` (``tree_method``'s
+  shapes)."""
   import specjax as sj
   from specjax.heads.hydra import HydraHead
   from specjax.heads.medusa import MedusaHead
+  from specjax.heads.mtp import MTPHead
   method = (sj.Medusa if isinstance(head, MedusaHead) else
-            sj.Hydra if isinstance(head, HydraHead) else sj.Eagle)
+            sj.Hydra if isinstance(head, HydraHead) else
+            sj.MTP if isinstance(head, MTPHead) else sj.Eagle)
   try:
     lossy = {"verify": "typical"} if s.get("verify") == "typical" else {}
     if s["gamma"] is not None:
@@ -319,6 +322,10 @@ _M = [
            "EAGLE-3 head: fused low/middle/high features, reduced vocabulary (chains; "
            "head_trees)", sweep=HEAD_SWEEP, head="eagle3_head", pass_tokens=head_pass_tokens,
            cost_model=HEAD),
+    Method("mtp", lambda c, s, m: head_method(s, m["mtp_head"]),
+           "DeepSeek-V3 MTP module (sj.MTP): an EAGLE-1-shaped head with input norms, its own "
+           "final norm, chained on its own output (chains; head_trees)", sweep=HEAD_SWEEP,
+           head="mtp_head", pass_tokens=head_pass_tokens, cost_model=HEAD),
     Method("medusa", lambda c, s, m: head_method(s, m["medusa_heads"]),
            "Medusa heads on the target's final state (chains up to the heads; static "
            "head_trees)", sweep=HEAD_SWEEP, head="medusa_heads", head_passes="one",

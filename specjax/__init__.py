@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "Adaptive": "specjax.decoding.methods", "Autoregressive": "specjax.decoding.methods",
     "Eagle": "specjax.decoding.head_methods", "Hydra": "specjax.decoding.head_methods",
-    "Medusa": "specjax.decoding.head_methods",
+    "Medusa": "specjax.decoding.head_methods", "MTP": "specjax.decoding.head_methods",
     "Jacobi": "specjax.decoding.methods",
     "Lookahead": "specjax.decoding.methods", "PromptLookup": "specjax.decoding.methods",
     "SelfSpeculative": "specjax.decoding.methods", "SpecTr": "specjax.decoding.methods",
@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, eagerly
   from specjax import sharding, training
   from specjax.costs import CostTable
   from specjax.decoding.generate import GenerateOutput, compile_generate, generate
-  from specjax.decoding.head_methods import Eagle, Hydra, Medusa
+  from specjax.decoding.head_methods import MTP, Eagle, Hydra, Medusa
   from specjax.decoding.methods import (Adaptive, Autoregressive, Jacobi, Lookahead, PromptLookup,
                                         SelfSpeculative, SpecTr, Speculative, TreeSpeculative)
   from specjax.decoding.stats import DecodeStats

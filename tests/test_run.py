@@ -555,6 +555,18 @@ class TreeRunTest(absltest.TestCase):
     self.assertIn("eagle3 head: one drafting step", md)
     self.assertIn("| 0 | eagle3 dynamic:2x2x3 | 3 |", md)  # the tree table names the method
 
+  def test_mtp_settings(self):
+    """Method mtp on the tiny random target (an untrained module): a chain and a static tree,
+    greedy rows the autoregressive ones, the head's passes in the cost model."""
+    results, md = self._run_tiny("methods=autoregressive/mtp,gammas=2,head_trees=comb:2x2")
+    rows = [e for e in results["settings"] if e["method"] == "mtp"]
+    self.assertEqual([(e["gamma"], e["tree"]) for e in rows], [(2, None), (None, "comb:2x2")])
+    c = results["cost"]["head_cost_ratio"]["mtp"]
+    for e in rows:
+      self.assertEqual(e["greedy_match"], 1.0)
+      self.assertAlmostEqual(e["iteration_cost"], 2 * c + e["verify_cost"])
+    self.assertIn("mtp comb:2x2", md)
+
   def test_medusa_settings(self):
     """Method medusa on the tiny random target (untrained heads): a chain and a static tree,
     greedy rows the autoregressive ones, one head pass per iteration in the cost model."""
@@ -712,14 +724,16 @@ class TreeVsChainTest(absltest.TestCase):
 
     from specjax.heads.eagle import init_head
     from specjax.heads.eagle3 import init_head3
+    from specjax.heads.mtp import init_mtp
 
     target, draft = random_models.random_pair(seed=0)
-    heads = {"eagle_head": init_head(target.config), "eagle3_head": init_head3(target.config)}
+    heads = {"eagle_head": init_head(target.config), "eagle3_head": init_head3(target.config),
+             "mtp_head": init_mtp(target.config)}
     config = _load_config_module("tiny").get_config(
         "trees=full:2x2,lookahead=2x3x2,gammas=2,datastore=none,retrieval_nodes=4,"
         "head_trees=dynamic:2x2x3/comb:2x2:top_k")
     # Every specjax method (REST's "retrieval" needs a datastore on disk; "suffix", the same
-    # proposer, runs on the rows' own text).
+    # proposer, runs on the rows' own text; Medusa and Hydra draft static trees only: below).
     config.methods = tuple(m for m, e in methods.METHODS.items()
                            if not e.hf and m not in ("retrieval", "medusa", "hydra"))
     runconfig.validate(config)
@@ -741,7 +755,8 @@ class TreeVsChainTest(absltest.TestCase):
     self.assertEqual(built["suffix"].per_request, True)
     self.assertEqual([built["adaptive", r].rule for r in config.adaptive_rules],
                      list(config.adaptive_rules))
-    for name in ("eagle", "eagle3"):  # a chain per gamma, a tree per head_trees spec
+    self.assertIsInstance(built["mtp"], sj.MTP)
+    for name in ("eagle", "eagle3", "mtp"):  # a chain per gamma, a tree per head_trees spec
       self.assertEqual(built[name, 2].gamma, 2)
       self.assertIs(built[name, 2].head, heads[methods.METHODS[name].head])
       self.assertIsInstance(built[name, "dynamic:2x2x3"].tree, sj.DynamicTree)

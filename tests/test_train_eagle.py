@@ -84,7 +84,7 @@ class ForwardMatchesInferenceTest(parameterized.TestCase):
                                      eagle_forward.head_input(head, feats), steps)
     return target, head, feats, tokens, outs
 
-  @parameterized.parameters("eagle", "eagle3")
+  @parameterized.parameters("eagle", "eagle3", "mtp")
   def test_step_zero_is_the_heads_call(self, kind):
     target, head, feats, tokens, outs = self._inputs(kind, 1)
     t = feats.shape[1]
@@ -94,7 +94,7 @@ class ForwardMatchesInferenceTest(parameterized.TestCase):
     self.assertGreater(float(jnp.std(want)), 0.5)  # logits that depend on the inputs
     np.testing.assert_allclose(vocab_logits(head, target, outs[0]), want, atol=1e-5, rtol=1e-5)
 
-  @parameterized.parameters("eagle", "eagle3")
+  @parameterized.parameters("eagle", "eagle3", "mtp")
   def test_ttt_step_k_is_drafting_on_its_own_predictions(self, kind):
     """Position t's step k equals drafting after the true pairs 0..t: k single-token passes
     each feeding (the next token, the head's previous output), at positions t + 1, ..."""
@@ -229,7 +229,8 @@ class ErrorsTest(absltest.TestCase):
       et.draft_vocabulary(tokens, mask, 17, 16)
     with self.assertRaisesRegex(ValueError, "seq_len 2 is too short"):
       et.answer_rows([[1]], [[2]], 2)
-    with self.assertRaisesRegex(ValueError, "head kind must be 'eagle' or 'eagle3', got 'x'"):
+    with self.assertRaisesRegex(ValueError,
+                                "head kind must be 'eagle', 'eagle3' or 'mtp', got 'x'"):
       et.init_eagle_head(target, "x")
 
 

@@ -1,6 +1,6 @@
 """Decoding methods whose proposer is a trained head on the target's own hidden states: EAGLE
-(``Eagle``), Medusa (``Medusa``) and Hydra (``Hydra``). Same protocol as
-``specjax.decoding.methods``."""
+(``Eagle``), DeepSeek-V3's MTP modules (``MTP``), Medusa (``Medusa``) and Hydra (``Hydra``).
+Same protocol as ``specjax.decoding.methods``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from specjax.heads.eagle3 import Eagle3Head
 from specjax.heads.layout import check_head
 from specjax.heads.hydra import HydraHead
 from specjax.heads.medusa import MedusaHead, check_medusa
+from specjax.heads.mtp import MTPHead
 from specjax.models.transformer import Transformer
 from specjax.proposers.eagle import EagleChain, EagleDynamicTree, EagleTree
 from specjax.proposers.hydra import HydraTree
@@ -48,9 +49,12 @@ class Eagle:
   children: str | None = None  # None: "sampled" for a static tree, "top_k" for a dynamic one
   name = "eagle"
 
+  HEADS = (EagleHead, Eagle3Head)
+  WHAT = "an EAGLE-1/2 or EAGLE-3 head (sj.load_head)"
+
   def __post_init__(self):
-    if not isinstance(self.head, (EagleHead, Eagle3Head)):
-      raise ValueError(f"head must be an EAGLE-1/2 or EAGLE-3 head (sj.load_head), got "
+    if not isinstance(self.head, self.HEADS):
+      raise ValueError(f"head must be {self.WHAT}, got "
                        f"{type(self.head).__name__}")
     if self.tree is None:
       object.__setattr__(self, "gamma", 4 if self.gamma is None else self.gamma)
@@ -64,8 +68,8 @@ class Eagle:
   def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
     del width, max_new_tokens, what  # the head's cache is sized like the target's
     if not isinstance(target, Transformer):
-      raise ValueError(f"EAGLE drafts on an sj.Transformer target's features, got "
-                       f"{type(target).__name__}")
+      raise ValueError(f"{self.name.upper()} drafts on an sj.Transformer target's features, "
+                       f"got {type(target).__name__}")
     check_head(self.head, target)
     check_guesses(self.gamma, "gamma", target)
     if self.tree is not None:
@@ -83,6 +87,26 @@ class Eagle:
     else:
       proposer = EagleTree(**graphs, tree=self.tree, children=self.children)
     return proposer, (head_state, target_state)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MTP(Eagle):
+  """DeepSeek-V3's multi-token prediction (DeepSeek-AI 2024, arXiv 2412.19437 §2.2) as a drafter:
+  ``sj.MTP(module, gamma=...)`` chains one MTP module (``specjax.heads.mtp.MTPHead``, e.g. from
+  ``sj.load_head`` of a checkpoint with ``num_nextn_predict_layers``) ``gamma`` times on its own
+  output, as vLLM does with one module; its first step reads the target's final-norm state.
+
+  The module is an EAGLE-1 head with input norms and its own final norm, so everything else is
+  ``Eagle``'s: ``gamma`` (default 4) or a static ``tree`` / ``sj.DynamicTree`` with ``children``,
+  the same proposers, verifiers and exactness. The target must be an ``sj.Transformer`` with the
+  module's hidden size and vocabulary and ``layer_index`` layers.
+  """
+
+  head: MTPHead
+  name = "mtp"
+
+  HEADS = (MTPHead,)
+  WHAT = "an MTP module (sj.load_head of a checkpoint with num_nextn_predict_layers)"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -31,6 +31,8 @@ class EagleHead(nnx.Module):
   """``config``: the head's decoder (the target's sizes, ``num_layers`` head layers, Llama
   family); layer 0 has no input norm, later ones have (as in the repository)."""
 
+  FIRST_INPUT_NORM = False  # ``MTPHead``: True (DeepSeek's MTP block is a full decoder layer)
+
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs, fc_bias: bool = True):
     if not config.is_llama_family:
       raise ValueError(f"EAGLE heads are Llama-family decoder layers, got model_type "
@@ -39,7 +41,7 @@ class EagleHead(nnx.Module):
     e = config.hidden_size
     self.config = config
     self.fc = Dense(rngs, 2 * e, e, (None, "embed"), fc_bias, dtype)
-    self.layers = nnx.List([Block(config, rngs, dtype, input_norm=i > 0)
+    self.layers = nnx.List([Block(config, rngs, dtype, input_norm=i > 0 or self.FIRST_INPUT_NORM)
                             for i in range(config.num_layers)])
     self.inv_freq = nnx.Variable(jnp.asarray(rope_inverse_frequencies(config)))  # not a Param
     self.embed = nnx.data(None)  # nnx.Param [V, E] when a checkpoint carried the target embedding
@@ -50,7 +52,7 @@ class EagleHead(nnx.Module):
     pairs, written into ``cache`` like ``Transformer.__call__`` writes tokens (same masks)."""
     positions, mask, write = attention_layout(self.config, embeds.shape[:2], cache, tree_mask,
                                               depths)
-    x = self.fc(jnp.concatenate([embeds, features.astype(embeds.dtype)], axis=-1))
+    x = self.fc(self.fc_input(embeds, features.astype(embeds.dtype)))
     rope = rotary(self.inv_freq[...], positions, x.dtype)
     new_k, new_v = [], []
     for i, layer in enumerate(self.layers):
@@ -58,6 +60,10 @@ class EagleHead(nnx.Module):
       new_k.append(k)
       new_v.append(v)
     return x, cache.replace(k=tuple(new_k), v=tuple(new_v))
+
+  def fc_input(self, embeds: jax.Array, features: jax.Array) -> jax.Array:
+    """[..., 2E] what ``fc`` mixes: ``[embedding ; feature]`` (``MTPHead`` normalises both)."""
+    return jnp.concatenate([embeds, features], axis=-1)
 
   # What every head offers the proposer and the trainer (``Eagle3Head`` too):
 

@@ -1,5 +1,6 @@
 """Heads on disk in their published layouts, both ways: ``sj.load_head`` / ``sj.save_head``.
-Medusa's and Hydra's layouts live with their heads (``specjax.heads.medusa`` / ``hydra``);
+Medusa's, Hydra's and DeepSeek-V3 MTP modules' layouts live with their heads
+(``specjax.heads.medusa`` / ``hydra`` / ``mtp``);
 EAGLE's, below. One table mechanism (``hf_layout.fill_from_hf`` / ``_iter_hf_tensors``) for
 both kinds of head; ``load_head`` tells them apart by the file.
 
@@ -53,6 +54,7 @@ from specjax.heads.eagle import EagleHead
 from specjax.heads.eagle3 import Eagle3Head
 from specjax.heads.hydra import HYDRA_FILE, HydraHead, hydra_files, is_hydra_config, load_hydra
 from specjax.heads.medusa import MEDUSA_FILE, MedusaHead, is_medusa_config, load_medusa, medusa_files
+from specjax.heads.mtp import MTPHead, is_mtp_config, load_mtp, mtp_files
 from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
 from specjax.models.hf_layout import (COPY, TRANSPOSE, Entry, _iter_hf_tensors, _SafetensorsReader,
                                       fill_from_hf, linear, llama_layer)
@@ -111,9 +113,10 @@ def _read_tensors(path: str, safetensors_name: str = SAFETENSORS_NAME,
 
 def load_head(path: str | os.PathLike, dtype: str | None = None
               ) -> EagleHead | Eagle3Head | MedusaHead:
-  """The EAGLE-1/2, EAGLE-3, Medusa or Hydra head(s) in directory ``path`` (the published
-  layouts above; Medusa's and Hydra's: ``specjax.heads.medusa`` / ``hydra``), told apart by
-  config.json and the tensors."""
+  """The EAGLE-1/2, EAGLE-3, Medusa or Hydra head(s) or the MTP module in directory ``path``
+  (the published layouts above; Medusa's, Hydra's and MTP's: ``specjax.heads.medusa`` /
+  ``hydra`` / ``mtp``), told apart by config.json (``num_nextn_predict_layers``: MTP) and the
+  tensors."""
   path = os.fspath(path)
   config_file = os.path.join(path, CONFIG_NAME)
   if not os.path.isfile(config_file):
@@ -122,6 +125,8 @@ def load_head(path: str | os.PathLike, dtype: str | None = None
                             f".pt for Medusa heads)")
   with open(config_file) as f:
     hf = json.load(f)
+  if is_mtp_config(hf):
+    return load_mtp(hf, path, SAFETENSORS_NAME, dtype)
   for is_kind, name, load in ((is_medusa_config, MEDUSA_FILE, load_medusa),
                                (is_hydra_config, HYDRA_FILE, load_hydra)):
     if is_kind(hf):
@@ -241,10 +246,16 @@ def _feature_layers(hf: dict, path: str) -> tuple[int, ...] | None:
 def save_head(head: EagleHead | Eagle3Head | MedusaHead, path: str | os.PathLike,
               target=None) -> None:
   """Writes ``head`` in its published layout (``config.json``, and ``model.safetensors`` for
-  EAGLE heads, ``medusa_lm_head.safetensors`` for Medusa's), an EAGLE head with
+  EAGLE heads and MTP modules (the module's tensors only, its embedding from ``target`` or its
+  own), ``medusa_lm_head.safetensors`` for Medusa's), an EAGLE head with
   ``embed_tokens.weight`` from ``target`` when given, else the head's own if it has one (the
   repository's strict EAGLE-1 load wants it)."""
   path = os.fspath(path)
+  if isinstance(head, MTPHead):
+    embed = target.embed if target is not None else head.embed
+    _write_head(path, *mtp_files(head, None if embed is None else embed.get_value()),
+                SAFETENSORS_NAME)
+    return
   for kind, files, name in ((MedusaHead, medusa_files, MEDUSA_FILE),
                             (HydraHead, hydra_files, HYDRA_FILE)):
     if isinstance(head, kind):

@@ -24,6 +24,14 @@ positions whose target argmax is outside it are left out, the repository's ``pos
 at each of ``ttt_steps`` training-time-test steps (``eagle_forward.ttt_forward``; the
 repository's ``length`` = 7), step ``k`` weighted ``ttt_decay ** k`` (0.8).
 
+**MTP** (DeepSeek-V3's multi-token-prediction module, arXiv 2412.19437 §2.2;
+``specjax.heads.mtp``): the same CE-only loss over ``ttt_steps`` chained steps (soft labels over
+the full vocabulary, no feature regression): step ``k`` is the module run on its own step-(k - 1)
+output, as drafting chains it. DeepSeek-V3 trains its modules jointly with the model on hard
+labels (its ``lambda`` weighted MTP loss); here the target is frozen and its soft labels teach
+the module, as for EAGLE-3. The output head is the target's, frozen (the module's own
+``lm_head``, when it has one, is trained).
+
 Both: AdamW (``optim.make_optimizer``: b2 0.95, clipping 0.5 and no weight decay as in the
 repository), warmup then cosine decay to a fixed step count, so every machine trains the same head;
 batch ``s`` is a pure function of ``(seed, s)``, the noise too, so a run resumed from its orbax
@@ -50,6 +58,7 @@ from flax import nnx
 
 from specjax.heads.eagle import init_head
 from specjax.heads.eagle3 import Eagle3Head, init_head3
+from specjax.heads.mtp import MTPHead, init_mtp
 from specjax.training.eagle_data import (answer_rows, draft_vocabulary, eagle_rows,  # noqa: F401
                                          extract_features, feature_layers_of)
 from specjax.training.eagle_eval import eagle_acceptance, ttt_agreement
@@ -95,8 +104,9 @@ def eagle_defaults(**overrides):
 
 def init_eagle_head(target, kind: str = "eagle3", draft_ids=None, key: int = 0,
                     num_layers: int = 1, from_target: bool = True):
-  """An untrained float32 head for ``target``: ``"eagle"`` (EAGLE-1/2, ``num_layers`` layers)
-  or ``"eagle3"`` (``draft_ids``: its draft vocabulary, ``draft_vocabulary``; None: all).
+  """An untrained float32 head for ``target``: ``"eagle"`` (EAGLE-1/2, ``num_layers`` layers),
+  ``"eagle3"`` (``draft_ids``: its draft vocabulary, ``draft_vocabulary``; None: all) or
+  ``"mtp"`` (a DeepSeek-V3 MTP module on the target's LM head, ``specjax.heads.mtp``).
 
   ``from_target``: the head starts as a pass-through of the target's top feature, its
   attention and MLP outputs (``o``, ``down``) zero and ``fc`` an identity on that feature (EAGLE-1:
@@ -106,7 +116,15 @@ def init_eagle_head(target, kind: str = "eagle3", draft_ids=None, key: int = 0,
   geometry, rather than noise through a random 8192-row head learned from a few thousand
   tokens. Our choice for short CPU runs (the repository starts at random; held-out top-1 agreement
   after 100 SmolLM2 steps: 0.257 against 0.23 with the target's head alone); the layers' other
-  weights are random either way."""
+  weights are random either way.
+
+  MTP, ``from_target``: block ``o``/``down`` zero, ``eh_proj`` passing the hidden (the embedding
+  half zero), ``hnorm`` = 1 / the target's final-norm scale and ``shared_head.norm`` = that
+  scale. The first step's hidden is the target's normed state ``g * x / rms(x)``; ``hnorm``
+  undoes ``g`` (to ``x / rms(x)`` times a constant: the pre-norm residual direction, the geometry
+  the target's blocks work in) and ``shared_head.norm`` redoes the target's final norm, so the
+  module's first guess is exactly the target's law at t (the temperature too, which ones in both
+  norms would not keep). A channel with ``|g| < 1e-6`` gets ``hnorm`` 0. ``enorm`` stays at 1."""
   config = dataclasses.replace(target.config, dtype="float32")
   if kind == "eagle":
     head = init_head(config, key, num_layers)
@@ -114,8 +132,11 @@ def init_eagle_head(target, kind: str = "eagle3", draft_ids=None, key: int = 0,
   elif kind == "eagle3":
     head = init_head3(config, key, draft_ids)
     layers = [head.midlayer]
+  elif kind == "mtp":
+    head = init_mtp(config, key)
+    layers = list(head.layers)
   else:
-    raise ValueError(f"head kind must be 'eagle' or 'eagle3', got {kind!r}")
+    raise ValueError(f"head kind must be 'eagle', 'eagle3' or 'mtp', got {kind!r}")
   if not from_target:
     return head
   e = config.hidden_size
@@ -127,6 +148,10 @@ def init_eagle_head(target, kind: str = "eagle3", draft_ids=None, key: int = 0,
     w = target.embed[...].T if target.lm_head is None else target.lm_head[...]
     head.lm_head[...] = jnp.take(w, head.draft_ids[...], axis=1).astype(jnp.float32)
     head.norm.scale[...] = target.final_norm.scale[...].astype(jnp.float32)
+  if kind == "mtp":
+    g = target.final_norm.scale[...].astype(jnp.float32)
+    head.hnorm.scale[...] = jnp.where(jnp.abs(g) > 1e-6, 1.0 / jnp.where(g == 0, 1.0, g), 0.0)
+    head.norm.scale[...] = g
   return head
 
 
@@ -148,7 +173,7 @@ def _loss(params, graphdef, rest, batch, consts, key, spec: Spec):
     ces.append(ce)
     loss = loss + spec.decay ** k * ce
   metrics = {"ce": jnp.stack(ces), "acc": jnp.stack(accs)}
-  if not spec.eagle3:
+  if not spec.ce_only:
     plain = {key: v for key, v in consts.items() if key != "in_vocab"}
     vloss = smooth_l1(outs[0], normed[:, 1:], step_mask(batch, plain, spec, 0, t))
     metrics["vloss"] = vloss
@@ -201,8 +226,8 @@ def _consts(target, head, loss_ids=None) -> dict:
   return consts
 
 
-def _check(cfg, tokens, mask, eval_rows: int, eagle3: bool) -> tuple[int, int]:
-  steps, k = int(cfg.steps), int(cfg.ttt_steps) if eagle3 else 1
+def _check(cfg, tokens, mask, eval_rows: int, ce_only: bool) -> tuple[int, int]:
+  steps, k = int(cfg.steps), int(cfg.ttt_steps) if ce_only else 1
   if steps < 1:
     raise ValueError(f"steps must be >= 1, got {steps}")
   if int(cfg.ttt_steps) < 1:
@@ -224,7 +249,8 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
                 feature_dtype: str | None = None,
                 checkpoint_dir: str | os.PathLike | None = None,
                 cache_dir: str | os.PathLike | None = None, name: str = "eagle", **hparams):
-  """Trains ``head`` (``EagleHead``: EAGLE-1's loss; ``Eagle3Head``: training-time test) on the
+  """Trains ``head`` (``EagleHead``: EAGLE-1's loss; ``Eagle3Head`` or ``MTPHead``: CE-only
+  training-time test) on the
   rows ``tokens`` int[N, L] with answer ``mask`` bool[N, L] (``eagle_rows``; None: every token)
   for ``target``; returns (trained head, report).
 
@@ -240,11 +266,13 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
   cfg = eagle_defaults(**hparams)
   tokens = np.asarray(tokens, np.int32)
   mask = np.ones(tokens.shape, bool) if mask is None else np.asarray(mask, bool)
-  eagle3 = isinstance(head, Eagle3Head)
-  steps, k = _check(cfg, tokens, mask, eval_rows, eagle3)
+  kind = "eagle3" if isinstance(head, Eagle3Head) else "mtp" if isinstance(head, MTPHead) \
+      else "eagle"
+  ce_only = kind != "eagle"
+  steps, k = _check(cfg, tokens, mask, eval_rows, ce_only)
   n_train = len(tokens) - eval_rows
   p = row_weights(weights, n_train)
-  report = {"kind": "eagle3" if eagle3 else "eagle", "rows": int(len(tokens)),
+  report = {"kind": kind, "rows": int(len(tokens)),
             "seq_len": int(tokens.shape[1]), "loss_tokens": int(mask[:n_train].sum()),
             "seconds": {}}
   t0 = time.time()
@@ -252,12 +280,12 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
   feats = extract_features(target, tokens, layers, dtype=feature_dtype, cache_dir=cache_dir)
   report["seconds"]["features"] = time.time() - t0
   data = {"tokens": tokens, "mask": mask, "features": feats}
-  spec = Spec(eagle3, inputs, normed, k, float(cfg.ttt_decay), float(cfg.p_weight),
-               float(cfg.v_weight), 0.0 if eagle3 else float(cfg.noise),
+  spec = Spec(ce_only, inputs, normed, k, float(cfg.ttt_decay), float(cfg.p_weight),
+              float(cfg.v_weight), 0.0 if ce_only else float(cfg.noise),
                cfg.compute_dtype or None)
   tx, step_fn = _cached_step(float(cfg.grad_clip), float(cfg.b2), float(cfg.weight_decay), spec)
   loss_ids = None
-  if not eagle3 and int(cfg.loss_vocab):
+  if not ce_only and int(cfg.loss_vocab):
     loss_ids = draft_vocabulary(tokens[:n_train], mask[:n_train], int(cfg.loss_vocab),
                                 target.config.vocab_size)
   consts = _consts(target, head, loss_ids)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax.heads.eagle3 import Eagle3Head
 from specjax.training.eagle_forward import (Spec, head_logits, predicted, step_inputs,
                                             step_mask, ttt_forward)
 
@@ -29,7 +30,7 @@ def _agreement(graphdef, params, rest, batch, consts, spec: Spec, steps: int):
   for k, out in enumerate(outs):
     mask = step_mask(batch, {}, spec, k, t)  # every answer position counts
     draft = jnp.argmax(head_logits(head, consts["label_w"], out, spec.compute_dtype), -1)
-    if spec.eagle3:
+    if isinstance(head, Eagle3Head):
       draft = head.draft_ids[...][draft]
     hits.append(jnp.sum((draft == predicted(batch, steps, k, t)) * mask))
     counts.append(jnp.sum(mask))

@@ -14,14 +14,14 @@ step ``k``'s queries and keys sit at position ``t + k``: exactly the positions d
 chain's entries, so a TTT step equals the inference path run autoregressively on its own
 predictions (``tests/test_train_eagle.py`` checks both, to 1e-5).
 
-Both heads (``EagleHead``'s ``fc`` + decoder layers, ``Eagle3Head``'s midlayer over
-``[norm(embedding) ; norm(hidden)]``) run here with their own parameters and norms; only the
-attention is written out (``_attend``), the matmuls in ``compute_dtype`` with float32
-accumulation (``forward.mm``: bfloat16 operands use the CPU's fast kernels, and the gradient keeps
-that form). ``Spec``, ``step_inputs``, ``step_mask`` and ``predicted`` lay a batch of rows out
-for the steps (the loss in ``eagle``, the agreement in ``eagle_eval``): row token ``t + k + 2``
-is what step ``k`` predicts at position ``t``, with the target's normed feature at ``t + k + 1``
-as its soft label.
+The heads (``EagleHead``'s ``fc`` + decoder layers, ``MTPHead``'s the same over its normed
+inputs (``fc_input``), ``Eagle3Head``'s midlayer over ``[norm(embedding) ; norm(hidden)]``) run
+here with their own parameters and norms; only the attention is written out (``_attend``), the
+matmuls in ``compute_dtype`` with float32 accumulation (``forward.mm``: bfloat16 operands use the
+CPU's fast kernels, and the gradient keeps that form). ``Spec``, ``step_inputs``, ``step_mask``
+and ``predicted`` lay a batch of rows out for the steps (the loss in ``eagle``, the agreement in
+``eagle_eval``): row token ``t + k + 2`` is what step ``k`` predicts at position ``t``, with the
+target's normed feature at ``t + k + 1`` as its soft label.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.heads.eagle3 import Eagle3Head
+from specjax.heads.mtp import MTPHead
 from specjax.models.transformer import _rotate
 from specjax.training.forward import _dense, mm
 
@@ -92,10 +93,11 @@ def _mlp(layer, x, compute_dtype):
 
 def head_step(head, embeds: jax.Array, hidden: jax.Array, past: list, step: int,
               compute_dtype=None) -> tuple[jax.Array, list]:
-  """One TTT step of ``head`` (``EagleHead`` or ``Eagle3Head``) over ``T`` positions: predicted
-  features [B, T, E] float32 of the pairs (``embeds`` [B, T, E], the head's input ``hidden``
-  [B, T, E]: ``from_target``'s output at step 0, the previous step's output later), and each
-  layer's (keys, values). ``past``: per head layer, the earlier steps' (keys, values)."""
+  """One TTT step of ``head`` (``EagleHead``, ``MTPHead`` or ``Eagle3Head``) over ``T``
+  positions: predicted features [B, T, E] float32 of the pairs (``embeds`` [B, T, E], the head's
+  input ``hidden`` [B, T, E]: ``from_target``'s output at step 0, the previous step's output
+  later), and each layer's (keys, values). ``past``: per head layer, the earlier steps' (keys,
+  values)."""
   embeds, hidden = embeds.astype(jnp.float32), hidden.astype(jnp.float32)
   rope = _rope(head.inv_freq[...], embeds.shape[1], step)
   if isinstance(head, Eagle3Head):
@@ -104,7 +106,7 @@ def head_step(head, embeds: jax.Array, hidden: jax.Array, past: list, step: int,
     h, kv = _attend(layer.attn, x, rope, past[0], compute_dtype)
     x = hidden + h
     return x + _mlp(layer, x, compute_dtype), [kv]
-  x = _dense(head.fc, jnp.concatenate([embeds, hidden], axis=-1), compute_dtype)
+  x = _dense(head.fc, head.fc_input(embeds, hidden), compute_dtype)
   kvs = []
   for layer, layer_past in zip(head.layers, past):
     normed = x if layer.attn_norm is None else layer.attn_norm(x)
@@ -156,7 +158,7 @@ def _num_layers(head) -> int:
 @dataclasses.dataclass(frozen=True)
 class Spec:
   """What the step's trace depends on (static)."""
-  eagle3: bool
+  ce_only: bool  # EAGLE-3 and MTP: the soft-label CE alone (EAGLE-1: + feature regression)
   inputs: tuple  # indices of the head's features among the stored ones
   normed: int  # index of NORMED among them
   steps: int
@@ -196,10 +198,13 @@ def step_mask(batch, consts, spec: Spec, k: int, t: int) -> jax.Array:
 def head_logits(head, target_head: jax.Array | None, hidden: jax.Array,
                 compute_dtype=None) -> jax.Array:
   """float32[..., V'] training logits of predicted features: EAGLE-3 over its draft vocabulary
-  (its ``norm`` and ``lm_head``), EAGLE-1/2 through ``target_head`` [E, V'] (the target's frozen
-  LM head, or some of its columns)."""
+  (its ``norm`` and ``lm_head``), MTP through its ``norm`` (``shared_head.norm``) and its own
+  output matrix or ``target_head``, EAGLE-1/2 through ``target_head`` [E, V'] (the target's
+  frozen LM head, or some of its columns)."""
   if isinstance(head, Eagle3Head):
     return mm(head.norm(hidden), head.lm_head[...], compute_dtype)
+  if isinstance(head, MTPHead):
+    return mm(head.norm(hidden), head.output_matrix(target_head), compute_dtype)
   return mm(hidden, target_head, compute_dtype)
 
 

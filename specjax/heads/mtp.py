@@ -1,0 +1,197 @@
+"""DeepSeek-V3's multi-token-prediction (MTP) module as a draft head (DeepSeek-AI 2024,
+"DeepSeek-V3 Technical Report", arXiv 2412.19437 §2.2; inference as in vLLM's
+``vllm/model_executor/models/deepseek_mtp.py``).
+
+The module at position ``t`` reads the embedding of token ``t + 1`` and a hidden state at ``t``:
+
+  h' = eh_proj(cat(enorm(embedding), hnorm(hidden)))          # eh_proj: 2E -> E, no bias
+  h_out = one decoder block over h' (causal, RoPE, its own KV cache, WITH its input norm)
+  logits = head(norm(h_out))                                   # shared_head: its own RMSNorm
+
+The first hidden is the target's final-norm state (``NORMED``: what vLLM hands the module, the
+target's returned hidden states); later draft steps chain the module on its own ``h_out`` (one
+module reused ``gamma`` times, vLLM's ``num_nextn_predict_layers = 1`` path). The output head is
+the module's own ``[E, V]`` matrix when its checkpoint carries ``shared_head.head``, else the
+target's LM head (DeepSeek-V3 shares it with the main model).
+
+Structurally this is an EAGLE-1 head (``specjax.heads.eagle``: ``fc`` over ``[embedding ; hidden]``
+and decoder layers with a KV cache on the target's features) plus the two input norms, an input
+norm on its block and its own final norm, so ``MTPHead`` *is* an ``EagleHead``: the EAGLE
+proposers (``EagleChain`` / ``EagleTree`` / ``EagleDynamicTree``) and the EAGLE trainer
+(``specjax.training.eagle``, kind ``"mtp"``) drive it unchanged.
+
+On disk (``sj.load_head`` / ``sj.save_head``): DeepSeek-V3's and GLM-4.5's layout, the module as
+an extra decoder layer ``N = num_hidden_layers`` of the model checkpoint: ``model.layers.{N}.``
+``enorm.weight``, ``hnorm.weight``, ``eh_proj.weight`` [E, 2E], ``shared_head.norm.weight``,
+optional ``shared_head.head.weight`` [V, E] (absent: the target's LM head) and
+``embed_tokens.weight`` (checked equal to the target's embedding, like EAGLE's), and the Llama
+decoder layer's ``self_attn.*``, ``mlp.*``, ``input_layernorm`` and ``post_attention_layernorm``.
+config.json is the target's Llama config plus ``num_nextn_predict_layers`` (1 supported); the
+module's tensors are read out of ``model.safetensors`` (or the shards its index names) and the
+main model's tensors beside them are ignored.
+
+Scope: the block is a dense Llama-family decoder layer; DeepSeek's own MLA attention and MoE MLP
+are not implemented (a DeepSeek-V3 checkpoint does not load). vLLM zeroes the embedding at
+position 0; here every position embeds its token (it only touches the prompt's first pair).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.heads.eagle import EagleHead, head_config
+from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
+from specjax.models.hf_layout import (COPY, TRANSPOSE, Entry, _iter_hf_tensors, _SafetensorsReader,
+                                      fill_from_hf, linear, llama_layer)
+from specjax.models.transformer import NORMED, Norm, _param
+
+
+class MTPHead(EagleHead):
+  """``config``: the module's (the target's sizes, ``num_layers=1``, Llama family);
+  ``layer_index``: its index in the published checkpoint, the target's ``num_hidden_layers``;
+  ``own_head``: whether it has its own ``[E, V]`` output matrix (else the target's LM head)."""
+
+  FIRST_INPUT_NORM = True  # the block keeps its input norm: DeepSeek's mtp_block is a full layer
+
+  def __init__(self, config: ModelConfig, rngs: nnx.Rngs, layer_index: int,
+               own_head: bool = False):
+    if config.num_layers != 1:
+      raise ValueError(f"an MTP module has one decoder block, got num_layers={config.num_layers}")
+    if isinstance(layer_index, bool) or not isinstance(layer_index, int) or layer_index < 1:
+      raise ValueError(f"layer_index (the target's layer count) must be an integer >= 1, got "
+                       f"{layer_index!r}")
+    super().__init__(config, rngs, fc_bias=False)
+    dtype = jnp.dtype(config.dtype)
+    self.enorm = Norm(config, dtype)
+    self.hnorm = Norm(config, dtype)
+    self.norm = Norm(config, dtype)  # shared_head.norm
+    self.lm_head = nnx.data(None if not own_head else _param(
+        rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"), dtype))
+    self.layer_index = layer_index
+
+  def fc_input(self, embeds: jax.Array, features: jax.Array) -> jax.Array:
+    """``cat(enorm(embedding), hnorm(hidden))``, what ``eh_proj`` (our ``fc``) mixes."""
+    return jnp.concatenate([self.enorm(embeds), self.hnorm(features)], axis=-1)
+
+  def target_features(self, target_config: ModelConfig) -> tuple[str, ...]:
+    """The target's final-norm state; the module must sit after the target's last layer."""
+    if target_config.num_layers != self.layer_index:
+      raise ValueError(f"the MTP module is layer {self.layer_index} of a "
+                       f"{self.layer_index}-layer model, the target has "
+                       f"{target_config.num_layers} layers")
+    return (NORMED,)
+
+  def output_matrix(self, target_head: jax.Array | None) -> jax.Array:
+    """[E, V] the module's output head: its own, else ``target_head`` (the target's)."""
+    return target_head if self.lm_head is None else self.lm_head[...]
+
+  def draft_logits(self, hidden: jax.Array, target) -> jax.Array:
+    """float32[..., V]: ``head(norm(h_out))``, the target's LM head unless the module has one."""
+    normed = self.norm(hidden)
+    if self.lm_head is None:
+      return target.project(normed)
+    return jnp.dot(normed, self.lm_head[...], preferred_element_type=jnp.float32)
+
+
+def init_mtp(target_config: ModelConfig, key: jax.Array | int = 0,
+             own_head: bool = False) -> MTPHead:
+  """An untrained MTP module (normal std 0.02 weights, norms at 1) for a target of
+  ``target_config`` (its layer count is the module's ``layer_index``)."""
+  return MTPHead(head_config(target_config, 1), nnx.Rngs(params=key), target_config.num_layers,
+                 own_head)
+
+
+def _check_count(hf: dict, source: str) -> None:
+  """Checks config.json's ``num_nextn_predict_layers`` (one module supported)."""
+  n = hf.get("num_nextn_predict_layers")
+  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    raise ValueError(f"{source}: num_nextn_predict_layers must be an integer >= 1, got {n!r}")
+  if n > 1:
+    raise ValueError(f"{source}: num_nextn_predict_layers={n}: several MTP modules (one per "
+                     f"depth) are not supported yet, only 1")
+
+
+def is_mtp_config(hf: dict) -> bool:
+  return "num_nextn_predict_layers" in hf and hf["num_nextn_predict_layers"] not in (0, None)
+
+
+_EMBED = "embed_tokens.weight"
+_OWN_HEAD = "shared_head.head.weight"
+
+
+def mtp_layout(config: ModelConfig, layer_index: int, own_head: bool) -> list[Entry]:
+  """Every tensor of the MTP module at ``model.layers.{layer_index}.`` but the optional
+  embedding, with our param paths."""
+  p = f"model.layers.{layer_index}."
+  norm = lambda name, *path: Entry(p + name, COPY, (path + ("scale",),))
+  table = ([norm("enorm.weight", "enorm"), norm("hnorm.weight", "hnorm")]
+           + linear(p + "eh_proj", ("fc",), False)
+           + llama_layer(config, p, ("layers", 0), input_norm=True)
+           + [norm("shared_head.norm.weight", "norm")])
+  if own_head:
+    table.append(Entry(p + _OWN_HEAD, TRANSPOSE, (("lm_head",),)))
+  return table
+
+
+def _weight_files(path: str, safetensors_name: str) -> list[str]:
+  """The safetensors file(s) of checkpoint ``path``: ``model.safetensors`` or its index's shards."""
+  single = os.path.join(path, safetensors_name)
+  if os.path.isfile(single):
+    return [single]
+  index = single + ".index.json"
+  if os.path.isfile(index):
+    with open(index) as f:
+      shards = sorted(set(json.load(f)["weight_map"].values()))
+    return [os.path.join(path, name) for name in shards]
+  raise FileNotFoundError(f"no MTP weights in {path}: neither {safetensors_name} nor {index} "
+                          f"exists")
+
+
+def load_mtp(hf: dict, path: str, safetensors_name: str, dtype: str | None = None) -> MTPHead:
+  """The MTP module of the checkpoint in directory ``path`` (config.json's dict ``hf``)."""
+  _check_count(hf, path)
+  config = from_hf_dict({"model_type": "llama", **hf}, dtype=dtype)
+  if not config.is_llama_family:
+    raise ValueError(f"{path}: model_type {config.model_type!r}: MTP modules here are dense "
+                     f"Llama-family layers")
+  n = config.num_layers
+  prefix = f"model.layers.{n}."
+  with _SafetensorsReader(_weight_files(path, safetensors_name)) as reader:
+    tensors = {name: reader[name] for name in reader if name.startswith(prefix)}
+  if not tensors:
+    raise ValueError(f"{path}: no tensor named {prefix}*: the MTP module is layer {n} "
+                     f"(num_hidden_layers)")
+  embed = tensors.pop(prefix + _EMBED, None)
+  own_head = prefix + _OWN_HEAD in tensors
+  head_cfg = head_config(config, 1)
+  dtype_ = jnp.dtype(head_cfg.dtype)
+  what = f"an MTP module at layer {n}"
+  head = fill_from_hf(lambda: MTPHead(head_cfg, nnx.Rngs(0), n, own_head),
+                      mtp_layout(head_cfg, n, own_head), tensors, {t: t for t in tensors}, path,
+                      dtype_, missing_note=f"of {what}", unexpected_note=f"not in {what}",
+                      derived={("inv_freq",): jnp.asarray(rope_inverse_frequencies(head_cfg))})
+  if embed is not None:
+    if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
+      raise ValueError(f"{path}: {prefix}{_EMBED} has shape {tuple(embed.shape)}, expected "
+                       f"{(config.vocab_size, config.hidden_size)}")
+    head.embed = nnx.Param(jnp.asarray(embed).astype(dtype_))
+  return head
+
+
+def mtp_files(head: MTPHead, embed=None) -> tuple[dict, dict]:
+  """(config.json's dict, the tensors by name) of ``head`` in the published layout; ``embed``
+  [V, E] (the target's) is written as the module's ``embed_tokens.weight`` when given."""
+  n = head.layer_index
+  hf = dict(to_hf_dict(dataclasses.replace(head.config, num_layers=n)),
+            num_nextn_predict_layers=1)
+  tensors = dict(_iter_hf_tensors(head, mtp_layout(head.config, n, head.lm_head is not None)))
+  if embed is not None:
+    tensors[f"model.layers.{n}.{_EMBED}"] = np.asarray(embed)
+  return hf, tensors

@@ -1,0 +1,300 @@
+"""``sj.MTP`` (DeepSeek-V3's multi-token-prediction module, ``specjax.heads.mtp``) through the
+real loop: greedy exactness (chain, static tree, ragged batch), an oracle module accepting every
+draft, the law harness with a wrong-step-law mutation, the published layout both ways against an
+independent NumPy forward, training, and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from flax import nnx
+
+import specjax as sj
+from specjax.heads.mtp import MTPHead, init_mtp
+from specjax.models.kv_cache import init_cache
+from specjax.proposers import eagle as eagle_lib
+from specjax.training import eagle as et
+from specjax.training.progress import set_verbose
+
+try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
+  from tests import lawcheck
+  from tests.test_eagle import TREE, numpy_layer, numpy_rms
+  from tests.test_laws import LAW_CONFIG, law_transformer, patched
+  from tests.test_speculative import (GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG, _seed,
+                                      greedy_reference, random_transformer)
+  from tests.test_train_eagle import CONFIG as TRAIN_CONFIG, rows
+except ImportError:  # pragma: no cover
+  import lawcheck
+  from test_eagle import TREE, numpy_layer, numpy_rms
+  from test_laws import LAW_CONFIG, law_transformer, patched
+  from test_speculative import (GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG, _seed, greedy_reference,
+                                random_transformer)
+  from test_train_eagle import CONFIG as TRAIN_CONFIG, rows
+
+S = sj.Sampling
+HEAD_SCALE = 8.0
+
+
+def random_mtp(config: sj.ModelConfig, seed: int, own_head: bool = False) -> MTPHead:
+  """An MTP module with random weights x ``HEAD_SCALE`` (random norms too): drafts that depend
+  visibly on both inputs."""
+  head = init_mtp(config, seed, own_head)
+  state = nnx.state(head, nnx.Param)
+  keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(state))))
+  nnx.update(head, jax.tree.map(
+      lambda x: x * HEAD_SCALE if x.ndim == 2 else 1 + 0.3 * jax.random.normal(next(keys), x.shape),
+      state))
+  return head
+
+
+def oracle_pair(seed: int = 0):
+  """(target, module): a one-layer target whose attention output is zero and whose embedding
+  rows have unit RMS (so ``enorm`` leaves them as they are), and the MTP module that reproduces
+  its next state from the embedding alone: ``eh_proj`` = [I ; 0], attention zero, the target's
+  MLP and final-norm scale, the target's LM head. Its draft is the target's greedy token."""
+  config = dataclasses.replace(TF_CONFIG, num_layers=1)
+  target = nnx.clone(random_transformer(config, seed))
+  block = target.layers[0]
+  block.attn.o.kernel.set_value(jnp.zeros_like(block.attn.o.kernel.get_value()))
+  e = target.embed.get_value()
+  target.embed.set_value(e / jnp.sqrt(jnp.mean(e * e, axis=-1, keepdims=True)))
+  head = init_mtp(config, seed + 1)
+  n = config.hidden_size
+  head.fc.kernel.set_value(jnp.concatenate([jnp.eye(n), jnp.zeros((n, n))], axis=0))
+  layer = head.layers[0]
+  layer.attn.o.kernel.set_value(jnp.zeros_like(layer.attn.o.kernel.get_value()))
+  layer.mlp_norm.scale.set_value(block.mlp_norm.scale.get_value())
+  for name in ("gate", "up", "down"):
+    getattr(layer.mlp, name).kernel.set_value(getattr(block.mlp, name).kernel.get_value())
+  head.norm.scale.set_value(target.final_norm.scale.get_value())
+  return target, head
+
+
+class GreedyTest(absltest.TestCase):
+  """At temperature 0 ``sj.MTP`` returns the Autoregressive tokens exactly, whatever the module."""
+
+  def test_chain_and_tree_match_autoregressive(self):
+    target = random_transformer(TF_CONFIG, 0)
+    expected = greedy_reference(TF_CONFIG, GREEDY_NEW)
+    # seed 4: modules whose drafts pass now and then (random ones often never match)
+    for method in (sj.MTP(random_mtp(TF_CONFIG, 4), gamma=3),
+                   sj.MTP(random_mtp(TF_CONFIG, 4, own_head=True), tree=TREE,
+                          children="top_k")):
+      out = sj.generate(target, GREEDY_PROMPTS, method, max_new_tokens=GREEDY_NEW)
+      np.testing.assert_array_equal(out.tokens, expected)
+      passes = method.gamma  # head passes per iteration (a tree: its depth)
+      self.assertEqual(int(out.stats.draft_calls), 1 + passes * (int(out.stats.target_calls) - 1))
+      self.assertGreater(int(np.sum(out.stats.accepted)), 0)
+
+  def test_oracle_module_accepts_everything(self):
+    target, head = oracle_pair()
+    new = 13
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(0, TF_CONFIG.vocab_size, n)) for n in (1, 5, 9)]
+    ar = sj.generate(target, prompts, sj.Autoregressive(), max_new_tokens=new)
+    gamma = 3
+    out = sj.generate(target, prompts, sj.MTP(head, gamma=gamma), max_new_tokens=new)
+    np.testing.assert_array_equal(out.tokens, ar.tokens)
+    # gamma + 1 tokens per target call after the prefill's first token
+    self.assertEqual(int(out.stats.target_calls), 1 + -(-(new - 1) // (gamma + 1)))
+
+
+def wrong_step_law(draw_rest):
+  """The mutation: draft k verified against draft k - 1's law (the chain's q rolled by one)."""
+  def mutant(*args):
+    carry, tokens, q = draw_rest(*args)
+    return carry, tokens, None if q is None else jnp.roll(q, 1, axis=1)
+  return mutant
+
+
+class LawTest(absltest.TestCase):
+
+  def test_sampled_chain_and_wrong_step_law_mutant(self):
+    gamma = 2
+    run = lambda name: lawcheck.check_law(
+        law_transformer(), sj.MTP(random_mtp(LAW_CONFIG, 3), gamma=gamma), S(1.0),
+        [(3, 1, 4, 1, 5)], gamma + 3, seed=_seed(name),
+        exact_law=lawcheck.transformer_law)
+    clean = run("mtp_chain")
+    self.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
+    counts = np.asarray(clean.out.stats.accepted_length_counts)
+    self.assertTrue(np.all(counts > 0), msg=str(counts))
+    with patched(((eagle_lib, "draw_rest", wrong_step_law(eagle_lib.draw_rest)),)):
+      mutant = run("mtp_wrong_step")
+    self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
+
+
+def numpy_mtp(tensors: dict, prefix: str, config: sj.ModelConfig, tokens, hidden, embed,
+              lm_head) -> np.ndarray:
+  """An independent NumPy forward of the published MTP layer ``prefix`` (torch layout): [T]
+  tokens and [T, E] hiddens at positions 0..T-1 -> float64[T, V] logits (``lm_head`` [V, E]:
+  the target's, used when the layer has no ``shared_head.head``)."""
+  w = lambda name: np.asarray(tensors[prefix + name], np.float64)
+  e = numpy_rms(np.asarray(embed, np.float64)[tokens], w("enorm.weight"), config)
+  h = numpy_rms(np.asarray(hidden, np.float64), w("hnorm.weight"), config)
+  x = np.concatenate([e, h], -1) @ w("eh_proj.weight").T
+  out = numpy_layer(tensors, prefix, config, numpy_rms(x, w("input_layernorm.weight"), config), x)
+  head = w("shared_head.head.weight") if prefix + "shared_head.head.weight" in tensors else lm_head
+  return numpy_rms(out, w("shared_head.norm.weight"), config) @ np.asarray(head, np.float64).T
+
+
+class LayoutTest(absltest.TestCase):
+
+  def published(self, path, target, own_head: bool, with_embed: bool) -> dict:
+    """Writes a DeepSeek-V3-style checkpoint: the target's config + num_nextn_predict_layers, the
+    main model's tensors and a random MTP layer at index N; returns the MTP layer's tensors."""
+    c = target.config
+    e, i, d, n = c.hidden_size, c.intermediate_size, c.head_dim, c.num_layers
+    rng = np.random.default_rng(0)
+    r = lambda *shape: (0.2 * rng.standard_normal(shape)).astype(np.float32)
+    p = f"model.layers.{n}."
+    tensors = {p + "enorm.weight": 1 + r(e), p + "hnorm.weight": 1 + r(e),
+               p + "eh_proj.weight": r(e, 2 * e), p + "shared_head.norm.weight": 1 + r(e),
+               p + "self_attn.q_proj.weight": r(c.num_heads * d, e),
+               p + "self_attn.k_proj.weight": r(c.num_kv_heads * d, e),
+               p + "self_attn.v_proj.weight": r(c.num_kv_heads * d, e),
+               p + "self_attn.o_proj.weight": r(e, c.num_heads * d),
+               p + "mlp.gate_proj.weight": r(i, e), p + "mlp.up_proj.weight": r(i, e),
+               p + "mlp.down_proj.weight": r(e, i), p + "input_layernorm.weight": 1 + r(e),
+               p + "post_attention_layernorm.weight": 1 + r(e)}
+    if own_head:
+      tensors[p + "shared_head.head.weight"] = r(c.vocab_size, e)
+    if with_embed:
+      tensors[p + "embed_tokens.weight"] = np.asarray(target.embed.get_value())
+    main = {"model.embed_tokens.weight": r(c.vocab_size, e), "model.norm.weight": r(e),
+            "model.layers.0.input_layernorm.weight": r(e)}  # the main model's: ignored
+    hf = dict(model_type="llama",
+              architectures=["LlamaForCausalLM"], hidden_size=e, intermediate_size=i,
+              num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
+              num_hidden_layers=n, rms_norm_eps=c.norm_eps, rope_theta=c.rope_theta,
+              max_position_embeddings=c.max_position_embeddings, vocab_size=c.vocab_size,
+              hidden_act="silu", torch_dtype="float32", num_nextn_predict_layers=1)
+    with open(os.path.join(path, "config.json"), "w") as f:
+      json.dump(hf, f)
+    from safetensors.numpy import save_file
+    save_file({**main, **tensors}, os.path.join(path, "model.safetensors"))
+    return tensors
+
+  def test_load_published_and_round_trip(self):
+    from safetensors.numpy import load_file
+    target = random_transformer(TF_CONFIG, 0)
+    c = TF_CONFIG
+    p = f"model.layers.{c.num_layers}."
+    for own_head, with_embed in ((False, True), (True, False)):
+      with tempfile.TemporaryDirectory() as path:
+        tensors = self.published(path, target, own_head, with_embed)
+        head = sj.load_head(path)
+        self.assertIsInstance(head, MTPHead)
+        self.assertEqual(head.lm_head is not None, own_head)
+        self.assertEqual(head.embed is not None, with_embed)
+        rng = np.random.default_rng(1)
+        tokens = rng.integers(0, c.vocab_size, 6)
+        hidden = rng.standard_normal((6, c.hidden_size)).astype(np.float32)
+        embed = np.asarray(target.embed.get_value())
+        expected = numpy_mtp(tensors, p, c, tokens, hidden, embed,
+                             np.asarray(target.lm_head.get_value()).T)
+        h, _ = head(jnp.asarray(embed[tokens])[None], jnp.asarray(hidden)[None],
+                    init_cache(head.config, 1, 8))
+        np.testing.assert_allclose(head.draft_logits(h[0], target), expected, atol=1e-4,
+                                   rtol=1e-4)
+        sj.MTP(head).validate(target, 4, 4, "prompt length")  # sizes and embedding match
+        with tempfile.TemporaryDirectory() as out:
+          sj.save_head(head, out, target)
+          written = load_file(os.path.join(out, "model.safetensors"))
+          self.assertEqual(sorted(written), sorted(set(tensors) | {p + "embed_tokens.weight"}))
+          for name, value in tensors.items():
+            np.testing.assert_array_equal(written[name], value, err_msg=name)
+          with open(os.path.join(out, "config.json")) as f:
+            hf = json.load(f)
+          self.assertEqual((hf["num_nextn_predict_layers"], hf["num_hidden_layers"]),
+                           (1, c.num_layers))
+          again = sj.load_head(out)
+          flat = lambda m: {k: v.get_value() for k, v in nnx.to_flat_state(
+              nnx.state(m, nnx.Param)) if k != ("embed",)}
+          before, after = flat(head), flat(again)
+          self.assertEqual(sorted(before), sorted(after))
+          for k, v in before.items():
+            np.testing.assert_array_equal(v, after[k], err_msg=str(k))
+
+  def test_errors(self):
+    target = random_transformer(TF_CONFIG, 0)
+    with tempfile.TemporaryDirectory() as path:
+      tensors = self.published(path, target, False, True)
+      with open(os.path.join(path, "config.json")) as f:
+        hf = json.load(f)
+      for count, pattern in ((2, r"num_nextn_predict_layers=2: several MTP modules .* not "
+                                 r"supported yet"),
+                             ("1", r"num_nextn_predict_layers must be an integer >= 1")):
+        with open(os.path.join(path, "config.json"), "w") as f:
+          json.dump(dict(hf, num_nextn_predict_layers=count), f)
+        with self.assertRaisesRegex(ValueError, pattern):
+          sj.load_head(path)
+      with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf, f)
+      from safetensors.numpy import save_file
+      p = f"model.layers.{TF_CONFIG.num_layers}."
+      bad = dict(tensors, **{p + "embed_tokens.weight": tensors[p + "embed_tokens.weight"] + 1})
+      save_file(bad, os.path.join(path, "model.safetensors"))
+      with self.assertRaisesRegex(ValueError, r"embed_tokens.weight differs from the target"):
+        sj.generate(target, [[1]], sj.MTP(sj.load_head(path)), max_new_tokens=2)
+      save_file({k: v for k, v in tensors.items() if "hnorm" not in k},
+                os.path.join(path, "model.safetensors"))
+      with self.assertRaisesRegex(ValueError, r"missing tensor 'model.layers.2.hnorm.weight'"):
+        sj.load_head(path)
+    with self.assertRaisesRegex(ValueError, r"head must be an MTP module"):
+      sj.MTP(init_eagle1())
+    for field, value, pattern in (
+        ("hidden_size", 16, r"hidden size 16 differs from the target's 32"),
+        ("vocab_size", 8, r"vocabulary of 8 tokens differs from the target's 16"),
+        ("num_layers", 3, r"MTP module is layer 3 of a 3-layer model, the target has 2")):
+      other = init_mtp(dataclasses.replace(TF_CONFIG, **{field: value}))
+      with self.assertRaisesRegex(ValueError, pattern):
+        sj.generate(target, [[1]], sj.MTP(other), max_new_tokens=2)
+    with self.assertRaisesRegex(ValueError, r"head kind must be 'eagle', 'eagle3' or 'mtp'"):
+      et.init_eagle_head(target, "deepseek")
+
+
+def init_eagle1():
+  from specjax.heads.eagle import init_head
+  return init_head(TF_CONFIG)
+
+
+class TrainTest(absltest.TestCase):
+
+  def setUp(self):
+    set_verbose(False)
+
+  def test_init_drafts_the_targets_law_and_training_lowers_the_loss(self):
+    _, tokens, mask = rows()
+    target = random_transformer(TRAIN_CONFIG, 0)
+    head = et.init_eagle_head(target, "mtp")
+    self.assertIsInstance(head, MTPHead)
+    # from_target: the first guess is the target's own law at t (temperature included, up to
+    # the norms' eps)
+    feats = target(jnp.asarray(tokens[:1]), init_cache(TRAIN_CONFIG, 1, tokens.shape[1]),
+                   features=("normed",))[2]
+    embeds = jnp.take(target.embed[...], jnp.asarray(tokens[:1]), axis=0)
+    h, _ = head(embeds, head.from_target(feats), init_cache(head.config, 1, tokens.shape[1]))
+    np.testing.assert_allclose(head.draft_logits(h, target), target.project(feats[:, :, 0]),
+                               atol=1e-2, rtol=1e-2)
+    _, report = et.train_eagle(target, head, tokens, mask, eval_rows=4, steps=30,
+                                     batch_size=8, lr=1e-2, warmup_steps=5, ttt_steps=2,
+                                     eval_steps=2, log_every=10)
+    self.assertEqual(report["kind"], "mtp")
+    first, last = report["history"][0], report["history"][-1]
+    # the CE's floor is the target's entropy (about 2 nats a step here): a drop, not a ratio
+    self.assertLess(last["loss"], first["loss"] - 0.3)
+    self.assertGreater(last["acc"][0], first["acc"][0] + 0.2)
+    self.assertLen(report["agreement"], 2)
+    self.assertGreater(report["agreement"][0], 0.5)  # held out: the trained module drafts well
+
+
+if __name__ == "__main__":
+  absltest.main()
