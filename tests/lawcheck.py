@@ -258,8 +258,11 @@ def check_law(target: sj.Transformer, method, sampling: sj.Sampling,
     raise ValueError(f"rowwise runs one prompt, got {len(prompts)}")
   run = generate_rowwise if rowwise else (
       sj.generate if isinstance(target, tabular.TabularLM) else _generate)
+  # The prompts at their own width, not padded to generate's bucket of 16: the prefill over
+  # tens of thousands of rows is most of a run, and padding changes no law.
   out = run(target, batch, method=method, sampling=sampling, max_new_tokens=n_tokens,
-            key=jax.random.key(seed), eos_token_id=eos_token_id)
+            key=jax.random.key(seed), eos_token_id=eos_token_id,
+            prompt_width=max(len(p) for p in prompts))
   tokens = np.asarray(out.tokens)
   per_prompt, pvalues = [], {}
   for i, prompt in enumerate(prompts):
@@ -289,7 +292,8 @@ def _generate(*args, **kwargs) -> sj.GenerateOutput:
     return sj.generate(*args, **kwargs)
 
 
-def generate_rowwise(target, prompts, method, sampling, max_new_tokens, key, eos_token_id=None):
+def generate_rowwise(target, prompts, method, sampling, max_new_tokens, key, eos_token_id=None,
+                     prompt_width=None):
   """``sj.generate``'s output for ``prompts`` (of one length) run as independent batches of one
   row, the loop vmapped over the rows' keys (row i: ``fold_in(key, i)``). Under ``vmap`` the
   loop's ``lax.switch`` runs every branch and keeps each row's own: the same law per row as a
@@ -297,8 +301,8 @@ def generate_rowwise(target, prompts, method, sampling, max_new_tokens, key, eos
   from specjax.decoding import generate as generate_lib
 
   args, kwargs = generate_lib._loop_arguments(  # pylint: disable=protected-access
-      target, prompts[:1], method, sampling, max_new_tokens, key, eos_token_id, None, None,
-      None, "rules")
+      target, prompts[:1], method, sampling, max_new_tokens, key, eos_token_id, prompt_width,
+      None, None, "rules")
   graphdef, state, proposer, params, prompt, lengths, _ = args
   keys = jax.vmap(jax.random.fold_in, (None, 0))(key, np.arange(len(prompts)))
 
