@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax import metrics
+from specjax.heads.hydra import HydraHead
 from specjax.heads.medusa import MedusaHead
 from specjax.models.kv_cache import init_cache
 from specjax.proposers import draft_chain
@@ -309,6 +310,24 @@ def _medusa_steps_fn():
   return medusa_steps
 
 
+def _hydra_steps_fn():
+  @functools.partial(jax.jit, static_argnums=(0, 1, 6))
+  def hydra_steps(head_graphdef, target_graphdef, head_state, target_state, hidden, tokens, k):
+    """``k`` greedy chain steps of Hydra's first head (one head pass and its logits each, what
+    a chain's depth costs; deeper heads read a slightly wider input, the same projection)."""
+    heads = nnx.merge(head_graphdef, head_state)
+    target = nnx.merge(target_graphdef, target_state)
+
+    def body(_, tokens):
+      path = jnp.take(target.embed[...], tokens, axis=0)[:, None]
+      logits = heads.project(0, heads.state(0, hidden, path))
+      return jnp.argmax(logits, axis=-1).astype(tokens.dtype)
+
+    return jax.lax.fori_loop(0, k, body, tokens)
+
+  return hydra_steps
+
+
 def measure(models: dict, batch: int, context: int, cache_length: int, *, widths=(1,),
             gammas=(), heads: dict | None = None, steps_per_call: int = 16,
             min_seconds: float = 0.3, max_iters: int = 100) -> tuple[CostTable, dict]:
@@ -331,7 +350,8 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
   ``heads``: name -> an EAGLE head drafting for the target; each one's drafting step (a head pass
   and its draft logits, ``_head_steps_fn``) is timed too: ``head_step_ms[name]`` and its ratio
   to a target step, ``head_cost_ratio[name]`` (the c of an EAGLE chain); for Medusa heads, one
-  pass of all of them (``_medusa_steps_fn``: what an iteration's drafting costs)."""
+  pass of all of them (``_medusa_steps_fn``: what an iteration's drafting costs); for Hydra
+  heads, one head's pass (``_hydra_steps_fn``: a depth of its tree)."""
   unknown = sorted(set(models) - {"target", "draft"})
   if "target" not in models or unknown:
     raise ValueError(f"models {sorted(models)} must be 'target' and optionally 'draft'")
@@ -383,10 +403,13 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
   def head_job(head):
     target = sj_models["target"]
     graphs, states = zip(nnx.split(head), nnx.split(target))
+    state = jnp.zeros((batch, target.config.hidden_size), jnp.dtype(target.config.dtype))
     if isinstance(head, MedusaHead):
       medusa_steps = _medusa_steps_fn()
-      state = jnp.zeros((batch, target.config.hidden_size), jnp.dtype(target.config.dtype))
       return lambda: medusa_steps(*graphs, *states, state, k)
+    if isinstance(head, HydraHead):
+      hydra_steps = _hydra_steps_fn()
+      return lambda: hydra_steps(*graphs, *states, state, jnp.ones((batch,), jnp.int32), k)
     carry = {"cache": cache_for(head)}
     tokens = jnp.ones((batch,), jnp.int32)
     hidden = jnp.zeros((batch, head.config.hidden_size), jnp.dtype(head.config.dtype))

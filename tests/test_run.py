@@ -568,15 +568,19 @@ class TreeRunTest(absltest.TestCase):
     self.assertIn("mtp comb:2x2", md)
 
   def test_medusa_settings(self):
-    """Method medusa on the tiny random target (untrained heads): a chain and a static tree,
-    greedy rows the autoregressive ones, one head pass per iteration in the cost model."""
-    results, md = self._run_tiny("methods=autoregressive/medusa,gammas=2,head_trees=comb:2x2")
-    rows = [e for e in results["settings"] if e["method"] == "medusa"]
-    self.assertEqual([(e["gamma"], e["tree"]) for e in rows], [(2, None), (None, "comb:2x2")])
-    c = results["cost"]["head_cost_ratio"]["medusa"]
-    for e in rows:
+    """Methods medusa and hydra on the tiny random target (untrained heads): a chain and a static
+    tree each, greedy rows the autoregressive ones, the cost model's head passes."""
+    results, md = self._run_tiny("methods=autoregressive/medusa/hydra,gammas=2,"
+                                 "head_trees=comb:2x2")
+    rows = [e for e in results["settings"] if e["method"] in ("medusa", "hydra")]
+    self.assertEqual([(e["method"], e["gamma"], e["tree"]) for e in rows],
+                     [("medusa", 2, None), ("medusa", None, "comb:2x2"),
+                      ("hydra", 2, None), ("hydra", None, "comb:2x2")])
+    for e in rows:  # Medusa: one pass of its heads; Hydra: one per depth (2 here)
+      c = results["cost"]["head_cost_ratio"][e["method"]]
       self.assertEqual(e["greedy_match"], 1.0)
-      self.assertAlmostEqual(e["iteration_cost"], c + e["verify_cost"])
+      passes = 1 if e["method"] == "medusa" else 2
+      self.assertAlmostEqual(e["iteration_cost"], passes * c + e["verify_cost"])
     self.assertIn("medusa comb:2x2", md)
 
   def test_typical_settings_are_labelled_lossy(self):
