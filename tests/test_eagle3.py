@@ -401,7 +401,7 @@ class LayoutTest(absltest.TestCase):
       head.embed.set_value(head.embed.get_value() + 1)
       with self.assertRaisesRegex(ValueError, r"embed_tokens.weight differs from the target"):
         sj.generate(target, [[1]], sj.Eagle(head), max_new_tokens=2)
-    with self.assertRaisesRegex(ValueError, r"head must be an EAGLE-1/2 or EAGLE-3 head"):
+    with self.assertRaisesRegex(ValueError, r"head must be an EAGLE-1/2, EAGLE-3, Medusa or Hydra head"):
       sj.save_head(object(), "unused")
 
 

@@ -114,7 +114,7 @@ class PipelineTest(TeacherDirTest):
     c.eagle.eval_prompts = "poems"
     with self.assertRaisesRegex(ValueError, "unknown set 'poems'"):
       eagle_phase.eval_prompt_sets(c, _Shared.get().tokenizer)
-    with self.assertRaisesRegex(ValueError, "kind must be one of eagle3, eagle, got 'x'"):
+    with self.assertRaisesRegex(ValueError, "kind must be one of eagle3, eagle, medusa, hydra, mtp, got 'x'"):
       smollm2_eagle.smollm2_head_dir("x")
 
 
