@@ -25,6 +25,15 @@ from specjax.verify.typical import Typical
 VERIFIERS = ("exact", "typical")
 
 
+def head_graphs(head, target: Transformer) -> tuple[dict, tuple]:
+  """(the graph definitions and feature layers every head proposer takes, its params ``(head
+  state, target state)``: the target's arrays are the loop's own buffers)."""
+  head_graphdef, head_state = nnx.split(head)
+  target_graphdef, target_state = nnx.split(target)
+  return (dict(head_graphdef=head_graphdef, target_graphdef=target_graphdef,
+               features=head.target_features(target.config)), (head_state, target_state))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Eagle:
   """EAGLE (Li et al. 2024, arXiv 2401.15077; EAGLE-2 trees, arXiv 2406.16858): a small head
@@ -76,17 +85,14 @@ class Eagle:
       check_ranks(self.tree, target.config.vocab_size)
 
   def proposer(self, target: Transformer):
-    head_graphdef, head_state = nnx.split(self.head)
-    target_graphdef, target_state = nnx.split(target)
-    graphs = dict(head_graphdef=head_graphdef, target_graphdef=target_graphdef,
-                  features=self.head.target_features(target.config))
+    graphs, params = head_graphs(self.head, target)
     if self.tree is None:
       proposer = EagleChain(**graphs, gamma=self.gamma)
     elif isinstance(self.tree, DynamicTree):
       proposer = EagleDynamicTree(**graphs, spec=self.tree)
     else:
       proposer = EagleTree(**graphs, tree=self.tree, children=self.children)
-    return proposer, (head_state, target_state)
+    return proposer, params
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -185,15 +191,13 @@ class Medusa:
       check_ranks(self.tree, target.config.vocab_size)
 
   def proposer(self, target: Transformer):
-    head_graphdef, head_state = nnx.split(self.heads)
-    target_graphdef, target_state = nnx.split(target)
-    graphs = dict(head_graphdef=head_graphdef, target_graphdef=target_graphdef,
-                  features=self.heads.target_features(target.config), typical=self.typical)
+    graphs, params = head_graphs(self.heads, target)
     if self.tree is None:
-      proposer = MedusaChain(**graphs, gamma=self.gamma)
+      proposer = MedusaChain(**graphs, gamma=self.gamma, typical=self.typical)
     else:
-      proposer = MedusaTree(**graphs, tree=self.tree, children=self.children)
-    return proposer, (head_state, target_state)
+      proposer = MedusaTree(**graphs, tree=self.tree, children=self.children,
+                            typical=self.typical)
+    return proposer, params
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -211,11 +215,7 @@ class Hydra(Medusa):
   HEADS = HydraHead
 
   def proposer(self, target: Transformer):
-    head_graphdef, head_state = nnx.split(self.heads)
-    target_graphdef, target_state = nnx.split(target)
+    graphs, params = head_graphs(self.heads, target)
     tree = self.tree if self.tree is not None else Tree.chains(num=1, depth=self.gamma)
     children = self.children or ("top_k" if self.verify == "typical" else "sampled")
-    proposer = HydraTree(head_graphdef=head_graphdef, target_graphdef=target_graphdef,
-                         features=self.heads.target_features(target.config), tree=tree,
-                         children=children, typical=self.typical)
-    return proposer, (head_state, target_state)
+    return HydraTree(**graphs, tree=tree, children=children, typical=self.typical), params

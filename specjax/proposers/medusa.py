@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.proposers.base import CHAIN, Candidates, Outcome
-from specjax.proposers.draft_chain import draw
+from specjax.proposers.draft_chain import GammaChain, draw
 from specjax.proposers.draft_tree import Growth, StaticTree
 from specjax.trees import Tree
 from specjax.verify.typical import Typical
@@ -78,22 +78,15 @@ class MedusaProposer:
 
 
 @dataclasses.dataclass(frozen=True)
-class MedusaChain(MedusaProposer):
-  """``sj.Medusa(heads, gamma=...)``: draft ``i`` drawn from head ``i``'s law."""
+class MedusaChain(MedusaProposer, GammaChain):
+  """``sj.Medusa(heads, gamma=...)``: draft ``i`` drawn from head ``i``'s law (``GammaChain``'s
+  sizes; ``MedusaProposer``'s one heads pass per iteration and none at prefill)."""
 
   head_graphdef: Any
   target_graphdef: Any
   features: tuple
   gamma: int
   typical: Typical | None = None
-
-  @property
-  def num_candidates(self) -> int:
-    return self.gamma
-
-  @property
-  def depth(self) -> int:
-    return self.gamma
 
   def propose(self, params, state, pending, keys, sampling):
     del pending
