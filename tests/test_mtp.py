@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 
 import jax
@@ -222,6 +223,37 @@ class LayoutTest(absltest.TestCase):
           self.assertEqual(sorted(before), sorted(after))
           for k, v in before.items():
             np.testing.assert_array_equal(v, after[k], err_msg=str(k))
+
+  def test_load_pickled_shards(self):
+    """A checkpoint in pickled shards (``pytorch_model.bin.index.json``) loads through
+    ``torch.load(weights_only=True)``, the module's tensors in any shard; none: a clear error."""
+    try:
+      import torch
+    except ImportError:
+      self.skipTest("pickled checkpoints need torch")
+    target = random_transformer(TF_CONFIG, 0)
+    with tempfile.TemporaryDirectory() as ref, tempfile.TemporaryDirectory() as path:
+      self.published(ref, target, False, True)
+      from safetensors.numpy import load_file
+      everything = load_file(os.path.join(ref, "model.safetensors"))
+      names = sorted(everything)
+      shards = {"pytorch_model-00001-of-00002.bin": names[::2],
+                "pytorch_model-00002-of-00002.bin": names[1::2]}
+      for file, part in shards.items():
+        torch.save({n: torch.from_numpy(np.array(everything[n])) for n in part},
+                   os.path.join(path, file))
+      with open(os.path.join(path, "pytorch_model.bin.index.json"), "w") as f:
+        json.dump({"weight_map": {n: file for file, part in shards.items() for n in part}}, f)
+      shutil.copy(os.path.join(ref, "config.json"), path)
+      flat = lambda m: dict(nnx.to_flat_state(nnx.state(m, nnx.Param)))
+      expected, got = flat(sj.load_head(ref)), flat(sj.load_head(path))
+      self.assertEqual(sorted(expected), sorted(got))
+      for k, v in expected.items():
+        np.testing.assert_array_equal(v.get_value(), got[k].get_value(), err_msg=str(k))
+      os.remove(os.path.join(path, "pytorch_model.bin.index.json"))
+      with self.assertRaisesRegex(FileNotFoundError, r"none of model.safetensors, "
+                                  r"pytorch_model.bin or their .index.json exists"):
+        sj.load_head(path)
 
   def test_errors(self):
     target = random_transformer(TF_CONFIG, 0)

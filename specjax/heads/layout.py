@@ -57,7 +57,7 @@ from specjax.heads.medusa import MEDUSA_FILE, MedusaHead, is_medusa_config, load
 from specjax.heads.mtp import MTPHead, is_mtp_config, load_mtp, mtp_files
 from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
 from specjax.models.hf_layout import (COPY, TRANSPOSE, Entry, _iter_hf_tensors, _SafetensorsReader,
-                                      fill_from_hf, linear, llama_layer)
+                                      fill_from_hf, linear, llama_layer, read_pickled)
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -101,14 +101,7 @@ def _read_tensors(path: str, safetensors_name: str = SAFETENSORS_NAME,
   if not os.path.isfile(pickled):
     raise FileNotFoundError(f"no head weights in {path}: neither {safetensors_name} nor "
                             f"{bin_name} exists")
-  try:
-    import torch
-  except ImportError:
-    raise ValueError(f"reading {pickled} needs torch (torch.load(weights_only=True)); install "
-                     f"torch or convert the file to {safetensors_name}") from None
-  state = torch.load(pickled, map_location="cpu", weights_only=True)
-  return {name: t.numpy() if not t.is_floating_point() else jnp.asarray(t.float().numpy())
-          for name, t in state.items()}
+  return read_pickled(pickled)
 
 
 def load_head(path: str | os.PathLike, dtype: str | None = None

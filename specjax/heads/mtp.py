@@ -27,7 +27,9 @@ optional ``shared_head.head.weight`` [V, E] (absent: the target's LM head) and
 ``embed_tokens.weight`` (checked equal to the target's embedding, like EAGLE's), and the Llama
 decoder layer's ``self_attn.*``, ``mlp.*``, ``input_layernorm`` and ``post_attention_layernorm``.
 config.json is the target's Llama config plus ``num_nextn_predict_layers`` (1 supported); the
-module's tensors are read out of ``model.safetensors`` (or the shards its index names) and the
+module's tensors are read out of ``model.safetensors`` (or the shards its index names; else
+``pytorch_model.bin`` or its shards, through ``torch.load(weights_only=True)`` when torch is
+installed: each pickled shard loads whole) and the
 main model's tensors beside them are ignored.
 
 Scope: the block is a dense Llama-family decoder layer; DeepSeek's own MLA attention and MoE MLP
@@ -49,7 +51,7 @@ from flax import nnx
 from specjax.heads.eagle import EagleHead, head_config
 from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
 from specjax.models.hf_layout import (COPY, TRANSPOSE, Entry, _iter_hf_tensors, _SafetensorsReader,
-                                      fill_from_hf, linear, llama_layer)
+                                      fill_from_hf, linear, llama_layer, read_pickled)
 from specjax.models.transformer import NORMED, Norm, _param
 
 
@@ -123,6 +125,7 @@ def is_mtp_config(hf: dict) -> bool:
 
 
 _EMBED = "embed_tokens.weight"
+_BIN_NAME = "pytorch_model.bin"
 _OWN_HEAD = "shared_head.head.weight"
 
 
@@ -140,18 +143,33 @@ def mtp_layout(config: ModelConfig, layer_index: int, own_head: bool) -> list[En
   return table
 
 
-def _weight_files(path: str, safetensors_name: str) -> list[str]:
-  """The safetensors file(s) of checkpoint ``path``: ``model.safetensors`` or its index's shards."""
-  single = os.path.join(path, safetensors_name)
+def _shards(path: str, file_name: str) -> list[str] | None:
+  """Checkpoint ``path``'s ``file_name`` or the shards its ``.index.json`` names (None: neither)."""
+  single = os.path.join(path, file_name)
   if os.path.isfile(single):
     return [single]
   index = single + ".index.json"
-  if os.path.isfile(index):
-    with open(index) as f:
-      shards = sorted(set(json.load(f)["weight_map"].values()))
-    return [os.path.join(path, name) for name in shards]
-  raise FileNotFoundError(f"no MTP weights in {path}: neither {safetensors_name} nor {index} "
-                          f"exists")
+  if not os.path.isfile(index):
+    return None
+  with open(index) as f:
+    return [os.path.join(path, name) for name in sorted(set(json.load(f)["weight_map"].values()))]
+
+
+def _module_tensors(path: str, safetensors_name: str, prefix: str) -> dict:
+  """The tensors named ``prefix*`` in checkpoint ``path``: from ``safetensors_name`` (or its
+  index's shards), else from ``pytorch_model.bin`` (or its shards) through ``torch.load``."""
+  files = _shards(path, safetensors_name)
+  if files is not None:
+    with _SafetensorsReader(files) as reader:
+      return {name: reader[name] for name in reader if name.startswith(prefix)}
+  pickled = _shards(path, _BIN_NAME)
+  if pickled is None:
+    raise FileNotFoundError(f"no MTP weights in {path}: none of {safetensors_name}, "
+                            f"{_BIN_NAME} or their .index.json exists")
+  tensors = {}
+  for file in pickled:  # a pickled shard loads whole; only the module's tensors are kept
+    tensors.update(read_pickled(file, lambda name: name.startswith(prefix)))
+  return tensors
 
 
 def load_mtp(hf: dict, path: str, safetensors_name: str, dtype: str | None = None) -> MTPHead:
@@ -163,8 +181,7 @@ def load_mtp(hf: dict, path: str, safetensors_name: str, dtype: str | None = Non
                      f"Llama-family layers")
   n = config.num_layers
   prefix = f"model.layers.{n}."
-  with _SafetensorsReader(_weight_files(path, safetensors_name)) as reader:
-    tensors = {name: reader[name] for name in reader if name.startswith(prefix)}
+  tensors = _module_tensors(path, safetensors_name, prefix)
   if not tensors:
     raise ValueError(f"{path}: no tensor named {prefix}*: the MTP module is layer {n} "
                      f"(num_hidden_layers)")

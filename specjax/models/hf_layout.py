@@ -320,6 +320,20 @@ def fill_from_hf(build: Callable[[], nnx.Module], table: Sequence[Entry],
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
+def read_pickled(file: str, keep: Callable[[str], bool] = lambda name: True) -> dict:
+  """The tensors of a pickled torch checkpoint ``file`` whose names pass ``keep``, read with
+  ``torch.load(weights_only=True)`` (no code runs from the file): floats as float32 jax arrays,
+  integers as numpy (jax would narrow int64). Needs torch, which the library does not install."""
+  try:
+    import torch
+  except ImportError:
+    raise ValueError(f"reading {file} needs torch (torch.load(weights_only=True)); install torch "
+                     f"or convert the file to safetensors") from None
+  state = torch.load(file, map_location="cpu", weights_only=True)
+  return {name: t.numpy() if not t.is_floating_point() else jnp.asarray(t.float().numpy())
+          for name, t in state.items() if keep(name)}
+
+
 class _SafetensorsReader(Mapping):
   """A lazy ``{name: tensor}`` view over safetensors files (read with ``safe_open``).
 
