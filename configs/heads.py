@@ -1,7 +1,7 @@
 r"""Every trained-head method on SmolLM2-135M-Instruct side by side with the distilled draft:
-EAGLE-1 and EAGLE-3 heads, Medusa heads and Hydra heads (each trained on this machine on first
-use and cached: configs/train_{eagle,eagle3,medusa,hydra}_smollm2.py), chains of gamma 1-4 and one
-static tree each, greedy and T = 1.
+EAGLE-1 and EAGLE-3 heads, Medusa heads, Hydra heads and a DeepSeek-V3 MTP module (each trained
+on this machine on first use and cached: configs/train_{eagle,eagle3,medusa,hydra,mtp}_smollm2.py),
+chains of gamma 1-4 and one static tree each, greedy and T = 1.
 
     python -m experiments.run --config=configs/heads.py
     python -m experiments.run --config=configs/heads.py:batch_size=4
@@ -26,7 +26,7 @@ def get_config(arg=None):
   c.num_prompts = 4
   c.chat_template = True
   c.max_prompt_tokens = 192
-  c.methods = ("autoregressive", "speculative", "eagle", "eagle3", "medusa", "hydra")
+  c.methods = ("autoregressive", "speculative", "eagle", "eagle3", "medusa", "hydra", "mtp")
   c.gammas = (1, 2, 3, 4)
   c.head_trees = ("full:2x2",)
   c.temperatures = (0.0, 1.0)

@@ -65,23 +65,15 @@ from specjax.training.eagle_eval import eagle_acceptance, ttt_agreement
 from specjax.training.eagle_forward import (Spec, head_logits, smooth_l1, soft_cross_entropy,
                                             step_inputs, step_mask, ttt_forward)
 from specjax.training.forward import mm, split
-from specjax.training.head_loop import log_times, row_weights, train_head_steps
+from specjax.training.head_loop import log_times, loop_defaults, row_weights, train_head_steps
 from specjax.training.optim import make_optimizer
 from specjax.training.progress import log
 
 
 def eagle_defaults(**overrides):
-  """The hyper-parameters ``train_eagle`` reads (an ``ml_collections.ConfigDict``)."""
-  import ml_collections
-  d = dict(
-      steps=200,            # optimizer steps (fixed: the same head on every machine)
-      batch_size=8,         # rows per step
-      lr=1e-3,              # peak learning rate (warmup, then cosine to min_lr_ratio * lr)
-      warmup_steps=20,
-      min_lr_ratio=0.1,
-      weight_decay=0.0,     # the repository's AdamW: none
-      b2=0.95,
-      grad_clip=0.5,        # global norm
+  """The hyper-parameters ``train_eagle`` reads (an ``ml_collections.ConfigDict``): the shared
+  loop's (``head_loop.loop_defaults``) and the EAGLE losses'."""
+  return loop_defaults(**{**dict(
       ttt_steps=7,          # EAGLE-3 training-time-test steps (the repository's length); EAGLE-1: 1
       ttt_decay=0.8,        # step k's loss weight: ttt_decay ** k
       p_weight=0.1,         # EAGLE-1: weight of the soft-label CE
@@ -89,17 +81,8 @@ def eagle_defaults(**overrides):
       noise=0.2,            # EAGLE-1: width of the uniform noise on the input features
       loss_vocab=0,         # EAGLE-1: >0: its CE over that many most frequent answer ids only
                             # (restricted soft labels, as EAGLE-3's), not all V: cheaper steps
-      frozen="",            # comma-separated parameter names left as initialised (e.g. "lm_head")
-      compute_dtype="",     # matmul operands ("bfloat16": the CPU's fast kernels); "" = float32
-      ckpt_every=50,
-      keep_checkpoints=2,
-      max_steps_per_run=0,  # >0: stop (and save) after this many steps of this run; resumable
-      log_every=25,
       eval_steps=4,         # TTT steps of the held-out top-1 agreement
-      seed=0,
-  )
-  d.update(overrides)
-  return ml_collections.ConfigDict(d)
+  ), **overrides})
 
 
 def init_eagle_head(target, kind: str = "eagle3", draft_ids=None, key: int = 0,

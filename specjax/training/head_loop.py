@@ -21,6 +21,32 @@ from specjax.training.optim import learning_rate
 from specjax.training.progress import bar, fmt_seconds, log
 
 
+def loop_defaults(**fields):
+  """An ``ml_collections.ConfigDict`` of the hyper-parameters ``train_head_steps`` and
+  ``make_optimizer`` read (steps, batches, AdamW's schedule, checkpoints, logging), with a head
+  kind's own ``fields`` (its loss) after them; the kinds' ``*_defaults`` functions build on it."""
+  import ml_collections
+  d = dict(
+      steps=200,            # optimizer steps (fixed: the same head on every machine)
+      batch_size=8,         # rows per step
+      lr=1e-3,              # peak learning rate (warmup, then cosine to min_lr_ratio * lr)
+      warmup_steps=20,
+      min_lr_ratio=0.1,
+      weight_decay=0.0,     # the EAGLE and Medusa repositories' AdamW: none
+      b2=0.95,
+      grad_clip=0.5,        # global norm
+      frozen="",            # comma-separated parameter names left as initialised (e.g. "lm_head")
+      compute_dtype="",     # matmul operands ("bfloat16": the CPU's fast kernels); "" = float32
+      ckpt_every=50,
+      keep_checkpoints=2,
+      max_steps_per_run=0,  # >0: stop (and save) after this many steps of this run; resumable
+      log_every=25,
+      seed=0,
+  )
+  d.update(fields)
+  return ml_collections.ConfigDict(d)
+
+
 def log_times(name: str, seconds: dict) -> None:
   """The closing log line of a head's training: train, feature and evaluation times."""
   log(f"{name}: trained in {fmt_seconds(seconds['train'])} (features "

@@ -41,7 +41,7 @@ from specjax.training.eagle_data import draft_vocabulary, extract_features
 from specjax.training.eagle_eval import method_acceptance
 from specjax.training.eagle_forward import soft_cross_entropy
 from specjax.training.forward import mm, split
-from specjax.training.head_loop import log_times, row_weights, train_head_steps
+from specjax.training.head_loop import log_times, loop_defaults, row_weights, train_head_steps
 from specjax.training.optim import make_optimizer
 from specjax.training.progress import log
 
@@ -49,30 +49,13 @@ LABELS = ("soft", "hard")
 
 
 def medusa_defaults(**overrides):
-  """The hyper-parameters ``train_medusa`` reads (an ``ml_collections.ConfigDict``)."""
-  import ml_collections
-  d = dict(
-      steps=200,            # optimizer steps (fixed: the same heads on every machine)
-      batch_size=8,         # rows per step
-      lr=1e-3,              # peak learning rate (warmup, then cosine to min_lr_ratio * lr)
-      warmup_steps=20,
-      min_lr_ratio=0.1,
-      weight_decay=0.0,
-      b2=0.95,
-      grad_clip=0.5,        # global norm
+  """The hyper-parameters ``train_medusa`` reads (an ``ml_collections.ConfigDict``): the shared
+  loop's (``head_loop.loop_defaults``) and the Medusa loss's."""
+  return loop_defaults(**{**dict(
       decay=0.8,            # head k's loss weight: decay ** (k + 1) (the paper's lambda_k)
       labels="soft",        # "soft": the target's law at t + k + 1; "hard": the row's token
       loss_vocab=0,         # >0: the CE over that many most frequent answer ids only
-      frozen="",            # comma-separated parameter names left as initialised
-      compute_dtype="",     # matmul operands ("bfloat16": the CPU's fast kernels); "" = float32
-      ckpt_every=50,
-      keep_checkpoints=2,
-      max_steps_per_run=0,  # >0: stop (and save) after this many steps of this run; resumable
-      log_every=25,
-      seed=0,
-  )
-  d.update(overrides)
-  return ml_collections.ConfigDict(d)
+  ), **overrides})
 
 
 def init_medusa_heads(target, num_heads: int = 4, num_layers: int = 1, own_lm_head: bool = False,
