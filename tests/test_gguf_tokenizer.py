@@ -49,6 +49,36 @@ def _merged(pair: str) -> str:
   return pair.replace(" ", "", 1)
 
 
+def _write_tokenizer_only(file: str, arch: str, name: str, model: str, pre: str,
+                          tokens: list[str], types: list[int], special_ids: tuple[int, ...],
+                          add_bos: bool | None, add_eos: bool | None, chat_template: str,
+                          merges: list[str] | None = None, scores: list[float] | None = None):
+  """A GGUF file holding a tokenizer and no tensors; ``special_ids``: (bos, eos, unk, pad)."""
+  writer = gguf.GGUFWriter(file, arch)
+  writer.add_name(name)
+  writer.add_tokenizer_model(model)
+  writer.add_tokenizer_pre(pre)
+  writer.add_token_list(tokens)
+  if scores is not None:
+    writer.add_token_scores(scores)
+  if merges is not None:
+    writer.add_token_merges(merges)
+  writer.add_token_types(types)
+  for add, token_id in zip((writer.add_bos_token_id, writer.add_eos_token_id,
+                            writer.add_unk_token_id, writer.add_pad_token_id), special_ids):
+    add(token_id)
+  if add_bos is not None:
+    writer.add_add_bos_token(add_bos)
+  if add_eos is not None:
+    writer.add_add_eos_token(add_eos)
+  writer.add_chat_template(chat_template)
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  return file
+
+
 def write_tokenizer_gguf(file: str, pre: str = "default", model: str = "gpt2",
                          add_bos: bool | None = False, add_eos: bool | None = None,
                          name: str = "tiny-tokenizer") -> str:
@@ -59,27 +89,8 @@ def write_tokenizer_gguf(file: str, pre: str = "default", model: str = "gpt2",
   tokens = CONTROL + alphabet + [_merged(m) for m in MERGES] + USER_DEFINED + ["東", "<｜x｜>"]
   types = ([3] * len(CONTROL) + [1] * (len(alphabet) + len(MERGES)) + [4] * len(USER_DEFINED)
            + [1, 3])
-  writer = gguf.GGUFWriter(file, "llama")
-  writer.add_name(name)
-  writer.add_tokenizer_model(model)
-  writer.add_tokenizer_pre(pre)
-  writer.add_token_list(tokens)
-  writer.add_token_merges(MERGES)
-  writer.add_token_types(types)
-  writer.add_bos_token_id(1)
-  writer.add_eos_token_id(2)
-  writer.add_unk_token_id(0)
-  writer.add_pad_token_id(2)
-  if add_bos is not None:
-    writer.add_add_bos_token(add_bos)
-  if add_eos is not None:
-    writer.add_add_eos_token(add_eos)
-  writer.add_chat_template(CHAT_TEMPLATE)
-  writer.write_header_to_file()
-  writer.write_kv_data_to_file()
-  writer.write_tensors_to_file()
-  writer.close()
-  return file
+  return _write_tokenizer_only(file, "llama", name, model, pre, tokens, types, (1, 2, 0, 2),
+                               add_bos, add_eos, CHAT_TEMPLATE, merges=MERGES)
 
 
 # A SentencePiece (``llama``) vocabulary laid out like Gemma's: CONTROL tokens first (pad, eos,
@@ -117,30 +128,10 @@ def write_sentencepiece_gguf(file: str, arch: str = "llama", add_bos: bool | Non
   rank = [-1000.0] * len(SPM_CONTROL) + [0.0] * 256 + [-float(i) for i in range(len(SPM_PIECES))]
   ab, bc = SPM_TOKEN_IDS["ab"], SPM_TOKEN_IDS["bc"]
   rank[ab], rank[bc] = rank[bc], rank[ab]
-  writer = gguf.GGUFWriter(file, arch)
-  writer.add_name(f"tiny {arch} spm")
-  writer.add_tokenizer_model("llama")
-  writer.add_tokenizer_pre("default")
-  writer.add_token_list(tokens)
-  if scores:
-    writer.add_token_scores(rank + [-1000.0] * len(SPM_USER_DEFINED))
-  writer.add_token_types(types)
-  if merges:
-    writer.add_token_merges(SPM_MERGES)
-  writer.add_bos_token_id(2)
-  writer.add_eos_token_id(1)
-  writer.add_unk_token_id(3)
-  writer.add_pad_token_id(0)
-  if add_bos is not None:
-    writer.add_add_bos_token(add_bos)
-  if add_eos is not None:
-    writer.add_add_eos_token(add_eos)
-  writer.add_chat_template(SPM_CHAT_TEMPLATE)
-  writer.write_header_to_file()
-  writer.write_kv_data_to_file()
-  writer.write_tensors_to_file()
-  writer.close()
-  return file
+  scores = rank + [-1000.0] * len(SPM_USER_DEFINED) if scores else None
+  return _write_tokenizer_only(file, arch, f"tiny {arch} spm", "llama", "default", tokens, types,
+                               (2, 1, 3, 0), add_bos, add_eos, SPM_CHAT_TEMPLATE,
+                               merges=SPM_MERGES if merges else None, scores=scores)
 
 
 def reference_tokenizer(file: str):
