@@ -1,8 +1,9 @@
 """A GGUF file's tokenizer, built from its metadata with the ``tokenizers`` library (no torch).
 
 A GGUF holds no ``tokenizer.json``: llama.cpp stores the vocabulary, merges or scores, token types
-and special ids as metadata (``tokenizer.ggml.*``). We read them with the ``gguf`` package and
-build the fast tokenizer they describe with ``tokenizers``, wrapped as a
+and special ids as metadata (``tokenizer.ggml.*``). We read them (from the file's bytes, or with
+the ``gguf`` package where that reader stops: ``read_tokenizer_metadata``) and build the fast
+tokenizer they describe with ``tokenizers``, wrapped as a
 ``transformers.PreTrainedTokenizerFast`` so that ``apply_chat_template``, ``decode`` and special
 tokens behave as users expect. transformers can build the same tokenizer (``AutoTokenizer`` with
 ``gguf_file=``), but its GGUF path imports torch, which the library and the runner do not need;
@@ -23,7 +24,14 @@ Supported vocabulary kinds (``tokenizer.ggml.model``, ``SUPPORTED_MODELS``):
   default for SentencePiece).
 
 The other kinds (``t5``, ``rwkv``, ...) are refused with the model's name in the error.
+
+Where we differ from transformers on purpose (no ids of a real file change): a SentencePiece file
+whose vocabulary lacks "<s>"/"</s>" gets no such extra tokens (transformers adds both past the
+vocabulary, from ``LlamaTokenizer``'s defaults), and its unknown token is the file's
+(``unknown_token_id``; transformers sets none for Llama, "<unk>" for Gemma), used only where no
+byte token covers a character.
 """
+
 from __future__ import annotations
 
 import functools
