@@ -297,9 +297,11 @@ class GemmaMethodsTest(parameterized.TestCase):
 
   @pytest.mark.slow  # a law run: ~30k rows
   def test_sampled_law(self):
-    """The law harness (tests/lawcheck.py) for a draft chain on a V = 6 Gemma 3 whose window of
-    3 the prompt (5 tokens) and the 5 tested tokens cross; exact law from transformers."""
-    config = dataclasses.replace(GEMMA_CONFIG, vocab_size=6, sliding_window=3)
+    """The law harness (tests/lawcheck.py) for a draft chain on a V = 6 Gemma 3 (a local layer,
+    then a global one) whose window of 3 the prompt (5 tokens) and the 5 tested tokens cross;
+    exact law from transformers."""
+    config = dataclasses.replace(GEMMA_CONFIG, vocab_size=6, sliding_window=3, num_layers=2,
+                                 layer_types=("sliding_attention", "full_attention"))
     target, draft = TS.random_transformer(config, 0), TS.noisy_copy(config, 1)
     gamma = 2
     result = lawcheck.check_law(target, sj.Speculative(draft, gamma), sj.Sampling(1.0),
