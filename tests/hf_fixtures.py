@@ -26,6 +26,11 @@ _LLAMA_COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAY
                      max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6,
                      bos_token_id=1, eos_token_id=2)
 
+_GEMMA_COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_attention_heads=4,
+                     num_key_value_heads=2, intermediate_size=96, sliding_window=6,
+                     max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6, bos_token_id=1,
+                     eos_token_id=2, pad_token_id=0)
+
 CONFIGS = {
     # Llama with grouped-query attention (4 heads, 2 kv heads), untied head.
     "llama": lambda: transformers.LlamaConfig(**_LLAMA_COMMON, tie_word_embeddings=False),
@@ -53,10 +58,38 @@ CONFIGS = {
     "phi3": lambda: transformers.Phi3Config(
         **_LLAMA_COMMON, pad_token_id=0, partial_rotary_factor=0.5, sliding_window=8,
         tie_word_embeddings=False),
+    # Gemma 3 (text): local layers 0 and 2 with a window of 6 (crossed within a 24-token
+    # sequence), global layer 1; local rotary base 500, global 1e4 with linear scaling (factor
+    # 2); query_pre_attn_scalar 20 (not head_dim 24); per-head q/k norms, four (1 + w) norms per
+    # block, embeddings times sqrt(64), tied head.
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **_GEMMA_COMMON, num_hidden_layers=3, head_dim=24, query_pre_attn_scalar=20,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": dict(rope_type="linear", factor=2.0, rope_theta=10000.0),
+            "sliding_attention": dict(rope_type="default", rope_theta=500.0)}),
+    # Gemma 2: alternating local (window 6) / global layers, attention-score and final-logit
+    # soft-capping at 5 (small enough to bend this model's scores and logits).
+    "gemma2": lambda: transformers.Gemma2Config(
+        **_GEMMA_COMMON, num_hidden_layers=LAYERS, head_dim=16, query_pre_attn_scalar=32,
+        attn_logit_softcapping=5.0, final_logit_softcapping=5.0,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     # GPT-2 (learned positions, LayerNorm, Conv1D with packed q/k/v, tied head).
     "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS,
                                             n_head=4, n_positions=MAX_POSITIONS,
                                             bos_token_id=1, eos_token_id=2),
+}
+
+# Not in CONFIGS (the families every test module runs): a Gemma 3 that llama.cpp's GGUF can
+# describe. What its metadata leaves out llama.cpp fixes in code (gguf.py): every 6th layer global
+# (layers 0-4 local here, layer 5 global), local rotary base 10000, scores scaled by head_dim **
+# -0.5; the global layers' rotary 1e6 with linear factor 8, as Gemma 3 4B's.
+GGUF_CONFIGS = {
+    "gemma3_gguf": lambda: transformers.Gemma3TextConfig(
+        **_GEMMA_COMMON, num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16,
+        rope_parameters={
+            "full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e6),
+            "sliding_attention": dict(rope_type="default", rope_theta=10000.0)}),
 }
 
 
@@ -74,7 +107,7 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
 def make_hf_checkpoint(name: str, path: str, dtype: str = "float32", seed: int = 0):
   """Writes the tiny random checkpoint ``name`` to ``path``; returns the torch model (eval mode),
   in ``dtype`` ("float32" or "bfloat16", which is also the dtype of the saved tensors)."""
-  config = CONFIGS[name]()
+  config = {**CONFIGS, **GGUF_CONFIGS}[name]()
   model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
   _randomise(model, seed)
   model = model.to(getattr(torch, dtype)).eval()

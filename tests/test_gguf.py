@@ -51,14 +51,16 @@ def _config(torch_model, tied: bool = False):
 
 def write_gguf(file: str, torch_model, qtype: str = "F32", tied: bool = False, arch: str = "",
                types: dict[str, str] | None = None) -> str:
-  """Writes a transformers Llama/Qwen2/Qwen3 model as a GGUF file the way llama.cpp's converter
-  does.
+  """Writes a transformers Llama/Qwen2/Qwen3/Gemma 3 model as a GGUF file the way llama.cpp's
+  converter does.
 
   Matrices are stored as ``qtype`` (``types`` overrides per GGUF name), vectors as F32; ``tied``
   drops ``output.weight``; ``arch`` overrides the declared architecture (metadata keys follow it).
+  Gemma 3: its norm weights stored as 1 + w, its window and global rope scaling in the metadata.
   """
   config = _config(torch_model, tied)
-  arch = arch or config.model_type
+  own = {v: k for k, v in gguf_io.ARCHITECTURES.items()}.get(config.model_type, config.model_type)
+  arch = arch or own
   state = {k: v.detach().float().numpy() for k, v in torch_model.state_dict().items()}
   writer = gguf.GGUFWriter(file, arch)
   metadata = dict(  # GGUFWriter.add_<key>(value): llama.cpp's key for each ModelConfig field
@@ -68,13 +70,20 @@ def write_gguf(file: str, torch_model, qtype: str = "F32", tied: bool = False, a
       rope_dimension_count=config.head_dim, rope_freq_base=config.rope_theta,
       layer_norm_rms_eps=config.norm_eps, vocab_size=config.vocab_size,
       bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id)
-  if config.head_dim * config.num_heads != config.hidden_size:  # as the converter does for Qwen3
-    metadata.update(key_length=config.head_dim, value_length=config.head_dim)
+  if config.head_dim * config.num_heads != config.hidden_size or own == "gemma3":  # as the
+    metadata.update(key_length=config.head_dim, value_length=config.head_dim)  # converter does
+  if own == "gemma3":
+    metadata.update(sliding_window=config.sliding_window)
+    if config.rope_type == "linear":
+      metadata.update(rope_scaling_type=gguf.RopeScalingType.LINEAR,
+                      rope_scaling_factor=config.rope_scaling_dict["factor"])
   for key, value in metadata.items():
     getattr(writer, f"add_{key}")(value)
   heads = {".attn_q.": config.num_heads, ".attn_k.": config.num_kv_heads}
-  for name, hf_name in gguf_io._gguf_names(config, config.model_type).items():
+  for name, hf_name in gguf_io._gguf_names(config, own).items():
     w = state[hf_name]
+    if own == "gemma3" and name.endswith("norm.weight"):  # llama.cpp's norm_shift
+      w = w + np.float32(1.0)
     if config.model_type == "llama":
       for key, n in heads.items():
         w = _permute(w, n) if key in name else w

@@ -50,8 +50,9 @@ class EagleHead(nnx.Module):
                tree_mask=None, depths=None) -> tuple[jax.Array, KVCache]:
     """Predicted features [B, T, E] of T new (token embedding [B, T, E], feature [B, T, E])
     pairs, written into ``cache`` like ``Transformer.__call__`` writes tokens (same masks)."""
-    positions, mask, write = attention_layout(self.config, embeds.shape[:2], cache, tree_mask,
-                                              depths)
+    positions, masks, write = attention_layout(self.config, embeds.shape[:2], cache, tree_mask,
+                                               depths)
+    (mask,) = masks.values()  # a Llama-family head: one layer kind
     x = self.fc(self.fc_input(embeds, features.astype(embeds.dtype)))
     rope = rotary(self.inv_freq[...], positions, x.dtype)
     new_k, new_v = [], []

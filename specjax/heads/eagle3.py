@@ -120,8 +120,9 @@ class Eagle3Head(nnx.Module):
                depths=None) -> tuple[jax.Array, KVCache]:
     """Predicted hiddens [B, T, E] of T new (token embedding, hidden) pairs, written into
     ``cache`` like ``Transformer.__call__`` writes tokens (same masks)."""
-    positions, mask, write = attention_layout(self.config, embeds.shape[:2], cache, tree_mask,
-                                              depths)
+    positions, masks, write = attention_layout(self.config, embeds.shape[:2], cache, tree_mask,
+                                               depths)
+    (mask,) = masks.values()  # a Llama-family head: one layer kind
     hidden = hidden.astype(embeds.dtype)
     rope = rotary(self.inv_freq[...], positions, hidden.dtype)
     x, k, v = self.midlayer(embeds, hidden, rope, cache.k[0], cache.v[0], write, mask)

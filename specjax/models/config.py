@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 # Families sharing the Llama decoder layer (RMSNorm, rotary, gated MLP); what differs is named by
 # ModelConfig's properties (qk_norm, fused_projections) and fields, not by model_type checks.
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "phi3")
-SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + ("gpt2",)
+# Gemma 2 and 3 (text): the same decoder with (1 + w) RMSNorms, four norms per block, embeddings
+# scaled by sqrt(hidden), soft-capping, and local (sliding-window) / global layers. Not in
+# LLAMA_FAMILY, whose members the EAGLE/MTP heads and the training fast path accept: those read
+# the embedding, norms and head without Gemma's scaling and offsets.
+GEMMA_FAMILY = ("gemma2", "gemma3_text")
+SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GEMMA_FAMILY + ("gpt2",)
+# Per-layer attention kinds (transformers' ``layer_types``): every key of the cache (global) or
+# only those within ``sliding_window`` positions (local).
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION)
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 # The keys each rope_scaling type reads (rope_inverse_frequencies): a missing one is a config error
@@ -27,15 +37,20 @@ ROPE_KEYS = {"default": (), "linear": ("factor",),
 # switches between two frequency sets by the current sequence length, a data-dependent choice
 # the static-shape loop does not make.
 PHI3_ROPE_TYPES = ("default",)
+# Gemma 3 4B+ scales its global layers' rotary linearly (factor 8); nothing else is checked.
+GEMMA_ROPE_TYPES = ("default", "linear")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_new", "gelu_pytorch_tanh", "gelu")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Architecture of a decoder-only transformer (Llama/Mistral/Qwen2/Qwen3/Phi-3 or GPT-2 family).
+  """Architecture of a decoder-only transformer (Llama/Mistral/Qwen2/Qwen3/Phi-3, Gemma 2/3 or
+  GPT-2 family).
 
   ``rope_scaling`` is a sorted tuple of ``(key, value)`` pairs (hashable); build it with
-  ``rope_scaling=dict(...)`` and it is converted on construction.
+  ``rope_scaling=dict(...)`` and it is converted on construction; ``layer_types`` likewise from a
+  list. ``sliding_window`` applies to every layer (Mistral, Phi-3) unless ``layer_types`` names
+  each layer's kind (Gemma: ``"sliding_attention"`` layers windowed, ``"full_attention"`` not).
   """
 
   model_type: str = "llama"
@@ -57,6 +72,11 @@ class ModelConfig:
   mlp_bias: bool = False
   hidden_act: str = "silu"
   sliding_window: int | None = None
+  layer_types: tuple[str, ...] | None = None  # per layer, one of LAYER_KINDS (Gemma)
+  rope_local_theta: float | None = None  # rotary base of sliding layers (Gemma 3); None: rope_theta
+  query_pre_attn_scalar: float | None = None  # scores scaled by its -1/2 power; None: head_dim
+  attn_logit_softcapping: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
+  final_logit_softcapping: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
   pad_token_id: int | None = None
@@ -68,6 +88,8 @@ class ModelConfig:
       set_("rope_scaling", tuple(sorted(self.rope_scaling.items())))
     if isinstance(self.eos_token_id, list):
       set_("eos_token_id", tuple(self.eos_token_id))
+    if isinstance(self.layer_types, list):
+      set_("layer_types", tuple(self.layer_types))
     if self.num_kv_heads is None:
       set_("num_kv_heads", self.num_heads)
     if self.head_dim is None:  # HF's default; one that does not divide would fail later
@@ -103,11 +125,51 @@ class ModelConfig:
       raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor!r} is only supported "
                        f"for model_type 'phi3' (transformers' {self.model_type} rotates the whole "
                        f"head)")
-    if self.is_llama_family:
+    if self.llama_like:
       self._validate_rotary()
       self._validate_biases()
-    if self.sliding_window is not None and self.sliding_window < 1:
-      raise ValueError(f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+    if self.sliding_window is not None and (isinstance(self.sliding_window, bool) or not isinstance(
+        self.sliding_window, int) or self.sliding_window < 1):
+      raise ValueError(f"sliding_window must be an integer >= 1 or None, got "
+                       f"{self.sliding_window!r}")
+    self._validate_gemma()
+
+  def _validate_gemma(self) -> None:
+    """Gemma's fields: per-layer kinds (each known, one per layer, a window for sliding ones),
+    positive scalars, and only on the families whose HF modules read them (a field HF ignores
+    would be lost by ``to_hf_dict`` or computed differently by transformers)."""
+    if self.layer_types is not None:
+      if self.model_type not in GEMMA_FAMILY:
+        raise ValueError(f"layer_types is only supported for model_types "
+                         f"{', '.join(GEMMA_FAMILY)}, got {self.model_type!r}")
+      if len(self.layer_types) != self.num_layers:
+        raise ValueError(f"layer_types has {len(self.layer_types)} entries for num_layers "
+                         f"{self.num_layers}")
+      for i, kind in enumerate(self.layer_types):
+        if kind not in LAYER_KINDS:
+          raise ValueError(f"unknown layer_types entry {kind!r} at layer {i}; known: "
+                           f"{', '.join(LAYER_KINDS)}")
+      if SLIDING_ATTENTION in self.layer_types and self.sliding_window is None:
+        raise ValueError("layer_types has sliding_attention layers but sliding_window is None")
+    for name in ("rope_local_theta", "query_pre_attn_scalar", "attn_logit_softcapping",
+                 "final_logit_softcapping"):
+      value = getattr(self, name)
+      if value is None:
+        continue
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number or None, got {value!r}")
+      if self.model_type not in GEMMA_FAMILY:
+        raise ValueError(f"{name} is only supported for model_types {', '.join(GEMMA_FAMILY)}, "
+                         f"got {self.model_type!r}")
+    if self.model_type == "gemma2" and self.rope_local_theta is not None:
+      raise ValueError("rope_local_theta is Gemma 3's (rope_local_base_freq); gemma2 has one "
+                       "rope_theta")
+    if self.model_type == "gemma3_text" and self.attn_logit_softcapping is not None:
+      raise ValueError(f"attn_logit_softcapping {self.attn_logit_softcapping!r} is not applied "
+                       f"by transformers' Gemma 3 attention; gemma3_text needs None")
+    if self.is_gemma and self.hidden_size % self.num_heads:
+      raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads "
+                       f"{self.num_heads} (transformers' {self.model_type} config requires it)")
 
   def _validate_rotary(self) -> None:
     """The rotary settings of a Llama-family config: an even rotated width within head_dim, and a
@@ -120,7 +182,8 @@ class ModelConfig:
       raise ValueError(f"partial_rotary_factor {factor!r} must be in (0, 1] and rotate an even "
                        f"number >= 2 of head_dim {self.head_dim}'s dims")
     rope_type = self.rope_type
-    supported = PHI3_ROPE_TYPES if self.model_type == "phi3" else SUPPORTED_ROPE_TYPES
+    supported = (PHI3_ROPE_TYPES if self.model_type == "phi3" else
+                 GEMMA_ROPE_TYPES if self.is_gemma else SUPPORTED_ROPE_TYPES)
     if rope_type not in supported:
       raise ValueError(f"unsupported rope_scaling type {rope_type!r} for model_type "
                        f"{self.model_type!r}; supported: {', '.join(supported)}")
@@ -130,16 +193,16 @@ class ModelConfig:
                        f"{self.rope_scaling_dict}")
 
   def _validate_biases(self) -> None:
-    """Biases the family's HF modules have: Phi-3 none; Qwen3 one attention_bias for q/k/v/o
-    and no MLP bias (other combinations could be built but never saved as that family)."""
+    """Biases the family's HF modules have: Phi-3 none; Qwen3 and Gemma one attention_bias for
+    q/k/v/o and no MLP bias (other combinations could be built but never saved as that family)."""
     if self.model_type == "phi3" and (self.attention_bias or self.attention_out_bias
                                       or self.mlp_bias):
       raise ValueError("model_type 'phi3' has no biases: attention_bias, attention_out_bias and "
                        "mlp_bias must be False")
-    if self.model_type == "qwen3" and (self.mlp_bias or
-                                       self.attention_bias != self.attention_out_bias):
-      raise ValueError(f"model_type 'qwen3' has one attention_bias for q/k/v/o and no MLP bias; "
-                       f"got attention_bias={self.attention_bias}, attention_out_bias="
+    if self.model_type in ("qwen3",) + GEMMA_FAMILY and (
+        self.mlp_bias or self.attention_bias != self.attention_out_bias):
+      raise ValueError(f"model_type {self.model_type!r} has one attention_bias for q/k/v/o and "
+                       f"no MLP bias; got attention_bias={self.attention_bias}, attention_out_bias="
                        f"{self.attention_out_bias}, mlp_bias={self.mlp_bias}")
 
   @property
@@ -147,9 +210,60 @@ class ModelConfig:
     return self.model_type in LLAMA_FAMILY
 
   @property
+  def is_gemma(self) -> bool:
+    return self.model_type in GEMMA_FAMILY
+
+  @property
+  def llama_like(self) -> bool:
+    """RMSNorm, rotary positions, gated MLP: the Llama family and Gemma (not GPT-2)."""
+    return self.is_llama_family or self.is_gemma
+
+  @property
   def qk_norm(self) -> bool:
-    """Per-head RMSNorm (weight [head_dim]) on queries and keys before rotary (Qwen3)."""
-    return self.model_type == "qwen3"
+    """Per-head RMSNorm (weight [head_dim]) on queries and keys before rotary (Qwen3, Gemma 3)."""
+    return self.model_type in ("qwen3", "gemma3_text")
+
+  @property
+  def norm_offset(self) -> float:
+    """What RMSNorm adds to its stored weight: Gemma scales by ``1 + w`` (weights stored around
+    0, HF's ``Gemma3RMSNorm``), the others by ``w``."""
+    return 1.0 if self.is_gemma else 0.0
+
+  @property
+  def sandwich_norms(self) -> bool:
+    """Gemma 2/3 blocks also normalise the attention and MLP outputs before each residual add
+    (``post_attention_layernorm``, ``post_feedforward_layernorm``)."""
+    return self.is_gemma
+
+  @property
+  def embed_scale(self) -> float | None:
+    """Gemma multiplies token embeddings by sqrt(hidden_size) (in the embedding's dtype)."""
+    return self.hidden_size ** 0.5 if self.is_gemma else None
+
+  @property
+  def attention_scale(self) -> float:
+    """The factor on q.k: ``query_pre_attn_scalar ** -0.5`` (Gemma), else ``head_dim ** -0.5``."""
+    scalar = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+    return scalar ** -0.5
+
+  @property
+  def layer_kinds(self) -> tuple[str, ...]:
+    """Each layer's attention kind (``LAYER_KINDS``): ``layer_types``, else every layer sliding
+    when a model-wide ``sliding_window`` is set (Mistral, Phi-3), else every layer full."""
+    if self.layer_types is not None:
+      return self.layer_types
+    kind = FULL_ATTENTION if self.sliding_window is None else SLIDING_ATTENTION
+    return (kind,) * self.num_layers
+
+  def keep_layers(self, layers: Sequence[int]) -> "ModelConfig":
+    """The config of a model made of this one's ``layers`` (in that order): a layer-skipping
+    view or a draft cut from a teacher; Gemma's layers keep their kinds."""
+    kinds = None if self.layer_types is None else tuple(self.layer_types[i] for i in layers)
+    return dataclasses.replace(self, num_layers=len(layers), layer_types=kinds)
+
+  def window_of(self, kind: str) -> int | None:
+    """The sliding window of layers of ``kind`` (None: they see every committed key)."""
+    return self.sliding_window if kind == SLIDING_ATTENTION else None
 
   @property
   def fused_projections(self) -> bool:
@@ -188,7 +302,8 @@ class ModelConfig:
       layer = attn + 2 * e * i + 4 * e + (q + 2 * kv + e) + i + e
       extra = self.max_position_embeddings * e + 2 * e
     else:
-      layer = attn + 3 * e * i + 2 * e + 2 * self.head_dim * self.qk_norm
+      layer = attn + 3 * e * i + (4 if self.sandwich_norms else 2) * e
+      layer += 2 * self.head_dim * self.qk_norm
       layer += (q + 2 * kv) * self.attention_bias + e * self.attention_out_bias
       layer += (2 * i + e) * self.mlp_bias
       extra = e
@@ -210,6 +325,8 @@ def from_hf_dict(hf: Mapping[str, Any], dtype: str | None = None) -> ModelConfig
   loaded as float32 unless a dtype is given, since CPU float16 matmuls are slow and imprecise.
   """
   model_type = hf.get("model_type")
+  if model_type == "gemma3":  # Gemma3ForConditionalGeneration: its language model only
+    return from_hf_dict(_gemma3_text_part(hf), dtype)
   if model_type not in SUPPORTED_MODEL_TYPES:
     raise ValueError(f"unsupported model_type {model_type!r} in config.json; supported: "
                      f"{', '.join(SUPPORTED_MODEL_TYPES)}")
@@ -246,14 +363,15 @@ def from_hf_dict(hf: Mapping[str, Any], dtype: str | None = None) -> ModelConfig
         mlp_bias=True,
         hidden_act=act,
     )
-  # Llama family. transformers 5.x folds rope_theta (and Phi-3's partial_rotary_factor) into
-  # rope_parameters.
-  rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-  rope_theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
-  partial_rotary_factor = rope.pop("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-  rope_type = rope.get("rope_type", rope.get("type", "default"))
-  rope.pop("type", None)
-  rope_scaling = None if rope_type == "default" else dict(rope, rope_type=rope_type)
+  # Llama family and Gemma. transformers 5.x folds rope_theta (and Phi-3's partial_rotary_factor)
+  # into rope_parameters; Gemma 3's holds one dict per layer kind.
+  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+  if model_type == "gemma3_text":
+    return _gemma_config(hf, common, *_gemma3_ropes(hf))
+  rope_theta, rope_scaling, partial_rotary_factor = _rope_fields(
+      rope, hf.get("rope_theta", 10000.0), hf.get("partial_rotary_factor", 1.0))
+  if model_type == "gemma2":
+    return _gemma_config(hf, common, rope_theta, rope_scaling, None)
   if model_type in ("qwen2", "qwen3") and hf.get("use_sliding_window", False):
     raise ValueError(f"{model_type} checkpoints with use_sliding_window=true are not supported")
   # Mistral and Phi-3 apply sliding_window in every layer; Qwen ignores it without
@@ -261,26 +379,109 @@ def from_hf_dict(hf: Mapping[str, Any], dtype: str | None = None) -> ModelConfig
   sliding_window = hf.get("sliding_window") if model_type in ("mistral", "phi3") else None
   attention_bias = hf.get("attention_bias", False)
   attention_bias, attention_out_bias = _BIASES.get(model_type, (attention_bias, attention_bias))
-  num_heads = hf["num_attention_heads"]
   return ModelConfig(
       **common,
-      hidden_size=hf["hidden_size"],
-      num_layers=hf["num_hidden_layers"],
-      num_heads=num_heads,
-      num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-      head_dim=hf.get("head_dim"),  # None: hidden_size // num_heads, checked to divide
-      intermediate_size=hf["intermediate_size"],
-      max_position_embeddings=hf.get("max_position_embeddings", 2048),
-      norm_eps=hf.get("rms_norm_eps", 1e-6),
-      rope_theta=float(rope_theta),
-      rope_scaling=rope_scaling,
+      # head_dim None: hidden // heads, checked
+      **_decoder_fields(hf, hf.get("head_dim"), 2048, False, rope_theta, rope_scaling),
       partial_rotary_factor=partial_rotary_factor,
-      tie_word_embeddings=hf.get("tie_word_embeddings", False),
       attention_bias=attention_bias,
       attention_out_bias=attention_out_bias,
       mlp_bias=hf.get("mlp_bias", False) if model_type == "llama" else False,  # HF: Llama's only
       hidden_act=hf.get("hidden_act", "silu"),
       sliding_window=sliding_window,
+  )
+
+
+def _decoder_fields(hf: Mapping[str, Any], head_dim: int | None, max_positions: int, tied: bool,
+                    rope_theta: float, rope_scaling: dict[str, Any] | None) -> dict[str, Any]:
+  """What every rotary decoder's ``config.json`` spells the same way (the sizes, the head's
+  tying); ``max_positions`` and ``tied``: the family's defaults."""
+  heads = hf["num_attention_heads"]
+  return dict(hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+              num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+              head_dim=head_dim, intermediate_size=hf["intermediate_size"],
+              max_position_embeddings=hf.get("max_position_embeddings", max_positions),
+              norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=rope_theta,
+              rope_scaling=rope_scaling, tie_word_embeddings=hf.get("tie_word_embeddings", tied))
+
+
+def _rope_fields(rope: Mapping[str, Any], theta: float, partial: float,
+                 ) -> tuple[float, dict[str, Any] | None, float]:
+  """(rope_theta, rope_scaling or None, partial_rotary_factor) of one rope dict (4.x
+  ``rope_scaling`` or 5.x ``rope_parameters``); ``theta``/``partial``: the top-level values."""
+  rope = dict(rope)
+  theta = rope.pop("rope_theta", theta)
+  partial = rope.pop("partial_rotary_factor", partial)
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  rope.pop("type", None)
+  return float(theta), None if rope_type == "default" else dict(rope, rope_type=rope_type), partial
+
+
+# transformers' Gemma3TextConfig defaults: the text_config of a multimodal (gemma3) config.json
+# written by transformers 4.x (the released checkpoints') spells out only what differs.
+GEMMA3_TEXT_DEFAULTS = dict(
+    vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+    num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=131072,
+    rms_norm_eps=1e-6, query_pre_attn_scalar=256, sliding_window=4096, bos_token_id=2,
+    eos_token_id=1, pad_token_id=0)
+
+
+def _gemma3_text_part(hf: Mapping[str, Any]) -> dict[str, Any]:
+  """The gemma3_text ``config.json`` dict of a multimodal ``gemma3`` one: its ``text_config``
+  over transformers' defaults, the top level's dtype and head tying where it has none."""
+  text = dict(GEMMA3_TEXT_DEFAULTS)
+  text.update({k: hf[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings") if k in hf})
+  text.update(hf.get("text_config") or {})
+  return dict(text, model_type="gemma3_text")
+
+
+def _gemma3_ropes(hf: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None, float]:
+  """(global theta, global rope_scaling, local theta) of a Gemma 3 config: 5.x's
+  ``rope_parameters`` per layer kind, or 4.x's ``rope_theta`` / ``rope_scaling`` (global) and
+  ``rope_local_base_freq``. Local layers use plain rotary (transformers' default for them)."""
+  params = hf.get("rope_parameters") or {}
+  if FULL_ATTENTION in params or SLIDING_ATTENTION in params:
+    full, local = params.get(FULL_ATTENTION) or {}, params.get(SLIDING_ATTENTION) or {}
+  else:
+    full = dict(hf.get("rope_scaling") or {}, rope_theta=hf.get("rope_theta", 1e6))
+    local = dict(rope_theta=hf.get("rope_local_base_freq", 1e4))
+  theta, scaling, _ = _rope_fields(full, 1e6, 1.0)
+  local_theta, local_scaling, _ = _rope_fields(local, 1e4, 1.0)
+  if local_scaling is not None:
+    raise ValueError(f"gemma3_text sliding_attention rope {local_scaling['rope_type']!r} is not "
+                     f"supported; local layers take plain rotary (rope_type 'default')")
+  return theta, scaling, local_theta
+
+
+def _gemma_config(hf: Mapping[str, Any], common: dict[str, Any], rope_theta: float,
+                  rope_scaling: dict[str, Any] | None, rope_local_theta: float | None
+                  ) -> ModelConfig:
+  """A Gemma 2 / Gemma 3 text config; missing keys take transformers' class defaults."""
+  gemma2 = common["model_type"] == "gemma2"
+  if hf.get("use_bidirectional_attention"):
+    raise ValueError(f"{common['model_type']} checkpoints with use_bidirectional_attention=true "
+                     f"are not supported (decoding is causal)")
+  num_layers = hf["num_hidden_layers"]
+  layer_types = hf.get("layer_types")
+  if layer_types is None:  # 4.x: Gemma 2 alternates; Gemma 3 repeats sliding_window_pattern
+    pattern = 2 if gemma2 else hf.get("sliding_window_pattern", 6)
+    layer_types = [SLIDING_ATTENTION if (i + 1) % pattern else FULL_ATTENTION
+                   for i in range(num_layers)]
+  caps = (50.0, 30.0) if gemma2 else (None, None)  # transformers' defaults
+  attention_bias = hf.get("attention_bias", False)
+  return ModelConfig(
+      **common,
+      **_decoder_fields(hf, hf.get("head_dim", 256), 8192 if gemma2 else 131072, True,
+                        rope_theta, rope_scaling),
+      rope_local_theta=rope_local_theta,
+      attention_bias=attention_bias,
+      attention_out_bias=attention_bias,
+      hidden_act=hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh",
+      sliding_window=hf.get("sliding_window", 4096),
+      layer_types=layer_types,
+      query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256),
+      attn_logit_softcapping=hf.get("attn_logit_softcapping", caps[0]),
+      final_logit_softcapping=hf.get("final_logit_softcapping", caps[1]),
   )
 
 
@@ -308,7 +509,8 @@ def to_hf_dict(config: ModelConfig) -> dict[str, Any]:
                 activation_function=c.hidden_act)
   arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
           "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-          "phi3": "Phi3ForCausalLM"}[c.model_type]
+          "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+          "gemma3_text": "Gemma3ForCausalLM"}[c.model_type]
   out = dict(common, architectures=[arch], hidden_size=c.hidden_size,
              num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
              num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim,
@@ -326,14 +528,31 @@ def to_hf_dict(config: ModelConfig) -> dict[str, Any]:
     out.update(sliding_window=c.sliding_window, partial_rotary_factor=c.partial_rotary_factor)
   elif c.model_type == "mistral":
     out.update(sliding_window=c.sliding_window)
+  elif c.is_gemma:
+    out.update(_gemma_hf_fields(c))
+    del out["hidden_act"]
   else:
     out.update(use_sliding_window=False)
   return out
 
 
-def rope_inverse_frequencies(config: ModelConfig) -> "np.ndarray":
+def _gemma_hf_fields(c: ModelConfig) -> dict[str, Any]:
+  """Gemma's own ``config.json`` keys (every layer's kind spelled out)."""
+  out = dict(hidden_activation=c.hidden_act, attention_bias=c.attention_bias,
+             sliding_window=c.sliding_window, layer_types=list(c.layer_kinds),
+             query_pre_attn_scalar=(c.head_dim if c.query_pre_attn_scalar is None
+                                    else c.query_pre_attn_scalar),
+             attn_logit_softcapping=c.attn_logit_softcapping,
+             final_logit_softcapping=c.final_logit_softcapping)
+  if c.model_type == "gemma3_text":
+    out["rope_local_base_freq"] = c.rope_theta if c.rope_local_theta is None else c.rope_local_theta
+  return out
+
+
+def rope_inverse_frequencies(config: ModelConfig, kind: str = FULL_ATTENTION) -> "np.ndarray":
   """float32[rotary_dim // 2] rotary inverse frequencies, with Llama-3 / linear scaling applied
-  (``rotary_dim``: head_dim, or Phi-3's partial share of it).
+  (``rotary_dim``: head_dim, or Phi-3's partial share of it), for layers of ``kind``: Gemma 3's
+  sliding layers (``rope_local_theta`` set) use plain rotary at their own base.
 
   Llama 3.1 (``rope_type='llama3'``) rescales low frequencies by ``factor`` and interpolates in
   between (Meta's ``apply_scaling``, transformers ``_compute_llama3_parameters``).
@@ -341,13 +560,15 @@ def rope_inverse_frequencies(config: ModelConfig) -> "np.ndarray":
   import numpy as np
 
   dim = config.rotary_dim
-  inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32)
-                                          / dim))
+  local = kind == SLIDING_ATTENTION and config.rope_local_theta is not None
+  theta = config.rope_local_theta if local else config.rope_theta
+  inv_freq = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
   inv_freq = inv_freq.astype(np.float32)
   d = config.rope_scaling_dict
-  if config.rope_type == "linear":
+  rope_type = "default" if local else config.rope_type
+  if rope_type == "linear":
     inv_freq = inv_freq / np.float32(d["factor"])
-  elif config.rope_type == "llama3":
+  elif rope_type == "llama3":
     factor, low, high = d["factor"], d["low_freq_factor"], d["high_freq_factor"]
     old_len = d["original_max_position_embeddings"]
     low_wavelen, high_wavelen = old_len / low, old_len / high

@@ -18,6 +18,14 @@ Qwen2 and Qwen3 use llama.cpp's NEOX rotary and are written unpermuted (Qwen3's 
 Mistral GGUFs declare ``llama`` (llama.cpp has no ``mistral`` architecture and runs them without
 a sliding window), so they load as Llama: what llama.cpp computes.
 
+Gemma 3 (``gemma3``, its text model): llama.cpp's converter stores every RMSNorm weight with the
+1 of Gemma's ``(1 + w)`` already added (``norm_shift``), which ``_unshift_norm`` takes back off
+(as transformers' ``Gemma2TensorProcessor`` does). What the metadata leaves out, llama.cpp fixes
+in code (``llama-model.cpp``, LLM_ARCH_GEMMA3) and so do we: every 6th layer global (the others
+local with ``attention.sliding_window``), local rotary base 10000 unscaled (the global layers
+take ``rope.freq_base`` and ``rope.scaling``), scores scaled by ``key_length ** -0.5`` (by
+``(hidden / heads) ** -0.5`` for the 62-layer 27B model), no soft-capping.
+
 Dequantizing a large file takes long, so ``load_gguf`` caches the converted checkpoint as one
 float32 safetensors file (the HF config in its metadata) under
 ``cache_root()/gguf-v1/<sha256>.safetensors``, keyed by the GGUF file's content hash; later loads
@@ -48,8 +56,14 @@ TOKENIZER_CACHE_VERSION = "gguf-tokenizer-v2"  # v1 (gguf-v1/*.tokenizer) was tr
 # (attn_qkv / ffn_up hold HF's fused qkv_proj / gate_up_proj), but what llama.cpp makes of its
 # metadata (sliding_window 0 or not, partial rotary as rope.dimension_count, LongRoPE factor
 # tensors) is unchecked, and transformers' GGUF loader, the reference, reads neither.
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 _PERMUTED_QK = ("llama",)  # architectures whose q/k rows llama.cpp's converter permutes
+_SHIFTED_NORMS = ("gemma3",)  # architectures whose norm weights llama.cpp stores as 1 + w
+# llama.cpp's Gemma 3 constants (llama-model.cpp): the layer pattern, the local rotary base, and
+# the block count of the 27B model, whose attention scale is (hidden / heads) ** -0.5.
+GEMMA3_SLIDING_WINDOW_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+GEMMA3_27B_BLOCKS = 62
 _REQUIRED = object()
 # What a broken file makes GGUFReader / dequantize raise (they do not validate lengths themselves).
 _READ_ERRORS = (ValueError, IndexError, KeyError, TypeError, struct.error, UnicodeDecodeError,
@@ -105,11 +119,20 @@ def _hf_config(reader, path: str) -> dict[str, Any]:
   else:
     raise ValueError(f"GGUF file {path}: unsupported rope.scaling.type {scaling!r}")
   token = lambda key: _field(reader, f"tokenizer.ggml.{key}_token_id", path, None)
+  layers = int(get("block_count"))
+  if arch == "gemma3":
+    gemma = dict(sliding_window=int(get("attention.sliding_window")),
+                 sliding_window_pattern=GEMMA3_SLIDING_WINDOW_PATTERN,
+                 rope_local_base_freq=GEMMA3_LOCAL_ROPE_BASE,
+                 query_pre_attn_scalar=hidden // heads if layers == GEMMA3_27B_BLOCKS else head_dim)
+  else:
+    gemma = {}
   return dict(
+      **gemma,
       model_type=ARCHITECTURES[arch],
       vocab_size=int(embed.shape[-1]),  # ggml shape [hidden, vocab]: the file's own truth
       hidden_size=hidden,
-      num_hidden_layers=int(get("block_count")),
+      num_hidden_layers=layers,
       num_attention_heads=heads,
       num_key_value_heads=int(get("attention.head_count_kv", heads)),
       head_dim=head_dim,
@@ -155,6 +178,11 @@ def _unpermute_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
   return w.reshape(num_heads, -1, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _unshift_norm(w: np.ndarray) -> np.ndarray:
+  """A Gemma norm weight as HF stores it (``w``) from llama.cpp's ``1 + w``."""
+  return w - np.float32(1.0)
+
+
 def convert_gguf(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """(HF config dict, {HF name: float32 array in HF layout}) of a GGUF file.
 
@@ -194,6 +222,8 @@ def convert_gguf(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.
       for key, n in heads.items():
         if key in t.name:
           w = _unpermute_rows(w, n)
+    if arch in _SHIFTED_NORMS and t.name.endswith("norm.weight"):
+      w = _unshift_norm(w)
     tensors[to_hf[t.name]] = np.ascontiguousarray(w)
   return hf, tensors
 

@@ -73,8 +73,9 @@ def load_model(path: str | os.PathLike, dtype: Any = None, mesh=None, sharding_r
 
   Args:
     path: local directory with ``config.json`` and ``model.safetensors``, or a sharded
-      ``model.safetensors.index.json`` plus the shards it lists; or a ``.gguf`` file (dequantized
-      and cached, see ``specjax.models.gguf``); or a name from ``checkpoints.CHECKPOINTS``.
+      ``model.safetensors.index.json`` plus the shards it lists (a multimodal Gemma 3 directory:
+      its language model, as ``gemma3_text``); or a ``.gguf`` file (dequantized and cached, see
+      ``specjax.models.gguf``); or a name from ``checkpoints.CHECKPOINTS``.
     dtype: ``"float32"`` or ``"bfloat16"`` (or the jnp dtype); default: the checkpoint's own
       (``dtype`` / ``torch_dtype``; float16 and unknown become float32).
     mesh: a ``("data", "model")`` mesh (``specjax.sharding.make_mesh``): each tensor is placed on

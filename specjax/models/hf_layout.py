@@ -14,7 +14,8 @@ family, untied ``lm_head``) -> transposed. GPT-2's ``Conv1D`` weights are alread
 its ``c_attn`` packs q, k, v along the output axis -> split / concatenated. Phi-3's ``qkv_proj``
 and ``gate_up_proj`` are torch Linears packing several of our kernels along their output rows ->
 transposed and split / concatenated then transposed. Embeddings (``[vocab, hidden]``) and
-norm/bias vectors (Qwen3's per-head ``q_norm``/``k_norm`` too) are copied as they are.
+norm/bias vectors (Qwen3's and Gemma 3's per-head ``q_norm``/``k_norm`` too; Gemma's norm weights
+as stored, around 0, since ``Norm`` adds the 1) are copied as they are.
 ``inv_freq`` is not a parameter: it is derived from the config and never saved.
 
 Its own module so that both checkpoint formats' readers (``hf``, ``gguf``) import it and neither
@@ -33,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.models.config import ModelConfig, rope_inverse_frequencies
+from specjax.models.config import SLIDING_ATTENTION, ModelConfig, rope_inverse_frequencies
 from specjax.models.transformer import Transformer
 
 # How one HF tensor relates to our parameter(s).
@@ -59,7 +60,15 @@ class Entry:
 _IGNORED_BUFFERS = {
     "llama": re.compile(r"^model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$"),
     "gpt2": re.compile(r"^transformer\.h\.\d+\.attn\.(bias|masked_bias)$"),  # causal-mask buffers
+    # A multimodal Gemma 3 checkpoint's vision tower and projector: only its language model loads.
+    "gemma3_text": re.compile(r"^model\.((layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$|"
+                              r"(vision_tower|multi_modal_projector)\.)"),
 }
+# Where Gemma3ForConditionalGeneration keeps its language model (its 5.x module names; the names
+# of the released checkpoints, which transformers 5.24's save_pretrained writes too) and its head
+# (untied: both spellings): read as a Gemma3ForCausalLM's ``model.*`` and ``lm_head``.
+_GEMMA3_TEXT_PREFIXES = ("model.language_model.", "language_model.model.")
+_GEMMA3_HEAD = "language_model.lm_head.weight"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -93,7 +102,7 @@ def hf_layout(config: ModelConfig) -> list[Entry]:
         add(f"{h}mlp.c_proj.{hf_leaf}", COPY, layer + ("mlp", "down", leaf))
     add("transformer.ln_f.weight", COPY, ("final_norm", "scale"))
     add("transformer.ln_f.bias", COPY, ("final_norm", "bias"))
-  else:  # Llama family: torch Linear layers.
+  else:  # Llama family and Gemma: torch Linear layers.
     add("model.embed_tokens.weight", COPY, ("embed",))
     for i in range(c.num_layers):
       table += llama_layer(c, f"model.layers.{i}.", ("layers", i))
@@ -122,9 +131,16 @@ def llama_layer(c: ModelConfig, prefix: str, layer: Path, input_norm: bool = Tru
   if c.qk_norm:
     for norm in ("q_norm", "k_norm"):
       out.append(Entry(f"{p}self_attn.{norm}.weight", COPY, (layer + ("attn", norm, "scale"),)))
-  out.append(Entry(f"{p}post_attention_layernorm.weight", COPY, (layer + ("mlp_norm", "scale"),)))
+  norm = lambda hf_name, ours: Entry(f"{p}{hf_name}.weight", COPY, (layer + (ours, "scale"),))
+  if c.sandwich_norms:  # Gemma: HF's post_attention_layernorm normalises the attention output
+    out += [norm("post_attention_layernorm", "post_attn_norm"),
+            norm("pre_feedforward_layernorm", "mlp_norm")]
+  else:
+    out.append(norm("post_attention_layernorm", "mlp_norm"))
   out += projections(c, f"{p}mlp.", layer + ("mlp",), ("gate", "up"), "gate_up", c.mlp_bias)
   out += linear(f"{p}mlp.down_proj", layer + ("mlp", "down"), c.mlp_bias)
+  if c.sandwich_norms:
+    out.append(norm("post_feedforward_layernorm", "post_mlp_norm"))
   return out
 
 
@@ -197,7 +213,14 @@ def params_to_hf(model: Transformer) -> dict[str, np.ndarray]:
 
 
 def _canonical_name(config: ModelConfig, name: str) -> str:
-  """Adds the base-model prefix that headless checkpoints (e.g. the original ``gpt2``) omit."""
+  """Adds the base-model prefix that headless checkpoints (e.g. the original ``gpt2``) omit, and
+  names a multimodal Gemma 3's language model as a Gemma3ForCausalLM's."""
+  if config.model_type == "gemma3_text":
+    text = next((p for p in _GEMMA3_TEXT_PREFIXES if name.startswith(p)), None)
+    if text is not None:
+      return "model." + name[len(text):]
+    if name == _GEMMA3_HEAD:
+      return "lm_head.weight"
   prefix = "transformer." if config.model_type == "gpt2" else "model."
   if name.startswith((prefix, "lm_head.")):
     return name
@@ -224,7 +247,8 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, Any], source: str 
   tensor being converted (plus its converted copy) on top of it.
 
   Names tolerated and skipped: HF's non-parameter buffers (``rotary_emb.inv_freq``; GPT-2's
-  ``attn.bias`` / ``attn.masked_bias`` causal masks) and, in a tied checkpoint, an ``lm_head.weight``
+  ``attn.bias`` / ``attn.masked_bias`` causal masks), a multimodal Gemma 3's vision tower and
+  projector (its language model is read as a ``gemma3_text`` one, ``_canonical_name``) and, in a tied checkpoint, an ``lm_head.weight``
   of the embedding's shape: with tied embeddings the head *is* the embedding, which is also what
   transformers uses. Any other extra name, a missing name or a wrong shape is a ``ValueError``.
 
@@ -239,13 +263,15 @@ def params_from_hf(config: ModelConfig, tensors: Mapping[str, Any], source: str 
     if canonical in stored:
       raise ValueError(f"{source}: tensor {name!r} appears twice (as {stored[canonical]!r})")
     stored[canonical] = name
-  ignored = _IGNORED_BUFFERS["gpt2" if config.model_type == "gpt2" else "llama"]
+  ignored = _IGNORED_BUFFERS.get(config.model_type, _IGNORED_BUFFERS["llama"])
   embed_shape = (config.vocab_size, config.hidden_size)
   tolerated = lambda name: bool(ignored.match(name)) or (
       name == "lm_head.weight" and config.tie_word_embeddings
       and _tensor_shape(tensors, stored[name]) == embed_shape)
   derived = ({("inv_freq",): jnp.asarray(rope_inverse_frequencies(config))}
-             if config.is_llama_family else {})
+             if config.llama_like else {})
+  if config.rope_local_theta is not None:
+    derived[("local_inv_freq",)] = jnp.asarray(rope_inverse_frequencies(config, SLIDING_ATTENTION))
   return fill_from_hf(
       lambda: Transformer(config, nnx.Rngs(0)), hf_layout(config), tensors, stored, source,
       jnp.dtype(config.dtype), missing_note=f"for model_type {config.model_type!r}",

@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from specjax.models.config import ModelConfig
-from specjax.models.transformer import Transformer
+from specjax.models.transformer import Transformer, softcap
 
 VOCAB_FILE = "draft_vocab.json"  # {"ids": [...]}: the kept vocabulary ids, ascending
 
@@ -39,14 +39,15 @@ class ReducedVocabTransformer(Transformer):
     self.kept_head = nnx.Param(jnp.zeros((config.hidden_size, num_kept), jnp.dtype(config.dtype)))
 
   def project(self, x: jax.Array) -> jax.Array:
-    kept = jnp.dot(x, self.kept_head[...], preferred_element_type=jnp.float32)  # [..., K]
+    kept = self.project_kept(x)  # [..., K]
     full = jnp.full(x.shape[:-1] + (self.config.vocab_size,), -jnp.inf, jnp.float32)
     return full.at[..., self.kept_ids[...]].set(kept, unique_indices=True,
                                                 indices_are_sorted=True)
 
   def project_kept(self, x: jax.Array) -> jax.Array:
-    """float32[..., K] logits of the kept ids only."""
-    return jnp.dot(x, self.kept_head[...], preferred_element_type=jnp.float32)
+    """float32[..., K] logits of the kept ids only (soft-capped as the full head's are)."""
+    return softcap(jnp.dot(x, self.kept_head[...], preferred_element_type=jnp.float32),
+                   self.config.final_logit_softcapping)
 
 
 def check_vocab_ids(ids, vocab_size: int) -> np.ndarray:

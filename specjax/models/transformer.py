@@ -1,5 +1,5 @@
 """Decoder-only transformers in Flax NNX: the Llama family (Llama 2/3, Mistral, Qwen2, Qwen3,
-Phi-3) and GPT-2.
+Phi-3), Gemma 2/3 (text) and GPT-2.
 
 One forward serves every decoding method: it takes ``T >= 1`` new tokens per row, writes their
 keys/values at the row's scratch slots ``[length, length + T)`` of a static-shape ``KVCache``, and
@@ -8,6 +8,11 @@ lets new token ``i`` attend to the row's committed slots plus the new tokens ``j
 an ancestor mask is a token tree; block masks give lookahead windows. Token ``i`` sits at position
 ``length + depths[i]``.
 
+Layers of one model may differ in what they see: a sliding-window (local) layer only the keys
+within ``sliding_window`` positions, a full (global) one all of them (Gemma's ``layer_types``;
+Mistral's model-wide window makes every layer local). ``attention_layout`` builds one mask per
+kind for a pass, over the full-length cache (no ring buffer: old keys stay and are masked).
+
 Parameters keep Hugging Face's layout (projection kernels stored ``[in, out]``) and carry logical
 axis names (``embed``, ``heads``, ``kv_heads``, ``mlp``, ``vocab``) so that tensor-parallel
 sharding only needs rules mapping those names to mesh axes.
@@ -15,7 +20,6 @@ sharding only needs rules mapping those names to mesh axes.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Sequence
 
@@ -24,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.models.config import ModelConfig, rope_inverse_frequencies
+from specjax.models.config import SLIDING_ATTENTION, ModelConfig, rope_inverse_frequencies
 from specjax.models.kv_cache import KVCache, init_cache
 
 _MASKED = -1e30  # finite, so that a fully masked (padding) row gives a uniform softmax, not NaN
@@ -41,16 +45,19 @@ def _param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str = "normal") -> n
 
 
 class Norm(nnx.Module):
-  """RMSNorm (Llama family) or LayerNorm (GPT-2), computed in float32 like Hugging Face.
+  """RMSNorm (Llama family, Gemma) or LayerNorm (GPT-2), computed in float32 like Hugging Face.
 
   ``axis``: the logical axis normalised, ``"embed"`` (hidden states) or ``"head_dim"`` (Qwen3's
-  per-head query/key norms, whose weight has head_dim entries shared by every head)."""
+  and Gemma 3's per-head query/key norms, whose weight has head_dim entries shared by every
+  head). Gemma's RMSNorm scales by ``1 + scale`` in float32 before rounding (``Gemma3RMSNorm``;
+  Llama rounds first, then scales), so its stored scale starts at 0."""
 
   def __init__(self, config: ModelConfig, dtype, axis: str = "embed"):
     size = config.head_dim if axis == "head_dim" else config.hidden_size
-    self.rms = config.is_llama_family
+    self.rms = config.llama_like
     self.eps = config.norm_eps
-    self.scale = _param(None, (size,), (axis,), dtype, init="ones")
+    self.offset = config.norm_offset
+    self.scale = _param(None, (size,), (axis,), dtype, init="zeros" if self.offset else "ones")
     self.bias = None if self.rms else _param(None, (size,), (axis,), dtype, "zeros")
 
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -58,6 +65,8 @@ class Norm(nnx.Module):
     x = x.astype(jnp.float32)
     if self.rms:
       x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+      if self.offset:
+        return (x * (self.offset + self.scale[...].astype(jnp.float32))).astype(dtype)
       return self.scale[...] * x.astype(dtype)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
@@ -98,6 +107,12 @@ def _activation(name: str):
   if name == "gelu":
     return lambda x: jax.nn.gelu(x, approximate=False)
   return lambda x: jax.nn.gelu(x, approximate=True)  # gelu_new / gelu_pytorch_tanh
+
+
+def softcap(x: jax.Array, cap: float | None) -> jax.Array:
+  """``cap * tanh(x / cap)`` (Gemma 2's attention-score and final-logit soft-capping, which
+  bounds them within (-cap, cap)); ``x`` itself when ``cap`` is None."""
+  return x if cap is None else cap * jnp.tanh(x / cap)
 
 
 def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
@@ -166,10 +181,13 @@ class Attention(nnx.Module):
                    c.attention_out_bias, dtype)
     self.q_norm = Norm(c, dtype, "head_dim") if c.qk_norm else None
     self.k_norm = Norm(c, dtype, "head_dim") if c.qk_norm else None
+    self.scale = c.attention_scale
+    self.softcap = c.attn_logit_softcapping
 
   def normalize_qk(self, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Qwen3's per-head RMSNorm of queries and keys ([..., head_dim] each), applied before the
-    rotary embedding; identity for families without it. The training forward calls it too."""
+    """Qwen3's and Gemma 3's per-head RMSNorm of queries and keys ([..., head_dim] each), applied
+    before the rotary embedding; identity for families without it. The training forward calls it
+    too."""
     if self.q_norm is None:
       return q, k
     return self.q_norm(q), self.k_norm(k)
@@ -195,9 +213,10 @@ class Attention(nnx.Module):
     groups = self.num_heads // self.num_kv_heads
     q = q.reshape(b, t, self.num_kv_heads, groups, self.head_dim)
     # Scores in the model's dtype, as Hugging Face computes them (XLA:CPU also has no bf16 x bf16
-    # -> f32 batched dot); softmax in float32.
-    scores = _scores(q, layer_k.astype(q.dtype))
-    scores = jnp.where(mask[:, None, None], scores * (self.head_dim ** -0.5), _MASKED)
+    # -> f32 batched dot); scaled, soft-capped (Gemma 2), then masked as HF does; softmax in
+    # float32.
+    scores = softcap(_scores(q, layer_k.astype(q.dtype)) * self.scale, self.softcap)
+    scores = jnp.where(mask[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     out = _weighted_values(probs, layer_v.astype(x.dtype))
     return self.o(out.reshape(b, t, -1)), layer_k, layer_v
@@ -207,7 +226,7 @@ class MLP(nnx.Module):
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs, dtype):
     c = config
     self.act = _activation(c.hidden_act)
-    self.gated = c.is_llama_family
+    self.gated = c.llama_like
     if self.gated:
       self.gate = Dense(rngs, c.hidden_size, c.intermediate_size, ("embed", "mlp"), c.mlp_bias, dtype)
     self.up = Dense(rngs, c.hidden_size, c.intermediate_size, ("embed", "mlp"), c.mlp_bias, dtype)
@@ -220,19 +239,29 @@ class MLP(nnx.Module):
 
 class Block(nnx.Module):
   """A decoder layer; ``input_norm=False`` leaves out the norm before attention (the first layer
-  of an EAGLE head, whose input is already the fc of normalised-scale features)."""
+  of an EAGLE head, whose input is already the fc of normalised-scale features). With
+  ``config.sandwich_norms`` (Gemma 2/3) the attention and MLP outputs are normalised too before
+  each residual add (HF's ``post_attention_layernorm`` / ``post_feedforward_layernorm``; there
+  ``pre_feedforward_layernorm`` is our ``mlp_norm``)."""
 
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs, dtype, input_norm: bool = True):
+    sandwich = config.sandwich_norms
     self.attn_norm = Norm(config, dtype) if input_norm else None
     self.attn = Attention(config, rngs, dtype)
+    self.post_attn_norm = Norm(config, dtype) if sandwich else None
     self.mlp_norm = Norm(config, dtype)
     self.mlp = MLP(config, rngs, dtype)
+    self.post_mlp_norm = Norm(config, dtype) if sandwich else None
 
   def __call__(self, x, rope, layer_k, layer_v, write, mask):
     normed = x if self.attn_norm is None else self.attn_norm(x)
     h, layer_k, layer_v = self.attn(normed, rope, layer_k, layer_v, write, mask)
-    x = x + h
-    return x + self.mlp(self.mlp_norm(x)), layer_k, layer_v
+    x = x + _maybe(self.post_attn_norm, h)
+    return x + _maybe(self.post_mlp_norm, self.mlp(self.mlp_norm(x))), layer_k, layer_v
+
+
+def _maybe(norm: Norm | None, x: jax.Array) -> jax.Array:
+  return x if norm is None else norm(x)
 
 
 def causal_mask(t: int) -> np.ndarray:
@@ -276,8 +305,10 @@ def rotary(inv_freq: jax.Array, positions: jax.Array, dtype) -> tuple[jax.Array,
 
 def attention_layout(c: ModelConfig, shape: tuple[int, int], cache: KVCache, tree_mask, depths):
   """What every layer of a pass over ``shape = (B, T)`` new tokens shares (``Transformer``'s
-  arguments): int32[B, T] positions, bool[B, T, S] the slots each new token sees, and ``write``,
-  which stores [B, T, KVH, D] keys or values at the rows' scratch slots."""
+  arguments): int32[B, T] positions, ``masks`` {layer kind: bool[B, T, S] the slots each new
+  token sees} for each kind of ``c.layer_kinds``, and ``write``, which stores [B, T, KVH, D] keys
+  or values at the rows' scratch slots. Each mask is built once per pass, whatever the number of
+  layers of its kind."""
   b, t = shape
   s = cache.max_length
   if tree_mask is None:
@@ -295,15 +326,22 @@ def attention_layout(c: ModelConfig, shape: tuple[int, int], cache: KVCache, tre
   slots = jnp.arange(s, dtype=jnp.int32)[None, :]  # [1, S]; a committed slot s holds position s
   offset = slots - lengths[:, None]  # [B, S]: which new token a scratch slot holds
   is_new = (offset >= 0) & (offset < t)
-  committed = jnp.broadcast_to((offset < 0)[:, None, :], (b, t, s))
-  new_mask = tree_mask
-  if c.sliding_window is not None:
-    horizon = positions[:, :, None] - c.sliding_window  # keys must be at a position > horizon
-    committed &= slots[:, None, :] > horizon
-    new_mask &= positions[:, None, :] > horizon
-  sees_new = jnp.take_along_axis(
-      new_mask, jnp.broadcast_to(jnp.clip(offset, 0, t - 1)[:, None, :], (b, t, s)), axis=2)
-  mask = committed | (sees_new & is_new[:, None, :])  # [B, T, S]
+  new_index = jnp.broadcast_to(jnp.clip(offset, 0, t - 1)[:, None, :], (b, t, s))
+
+  def mask(window: int | None) -> jax.Array:
+    committed = jnp.broadcast_to((offset < 0)[:, None, :], (b, t, s))
+    new_mask = tree_mask
+    if window is not None:
+      # A key is within the window of a query at position p when its position is > p - window
+      # (transformers' sliding_window_overlay: kv_idx > q_idx - sliding_window). A tree node's
+      # position is its depth, so siblings' windows agree.
+      horizon = positions[:, :, None] - window
+      committed &= slots[:, None, :] > horizon
+      new_mask &= positions[:, None, :] > horizon
+    sees_new = jnp.take_along_axis(new_mask, new_index, axis=2)
+    return committed | (sees_new & is_new[:, None, :])  # [B, T, S]
+
+  masks = {kind: mask(c.window_of(kind)) for kind in dict.fromkeys(c.layer_kinds)}
   # A one-token write carries a second update aimed past the end (so dropped), which keeps it a
   # scatter. As a dynamic-update-slice XLA fused it into the attention reads as well (at batch 1,
   # where they bitcast the buffer) and copied every layer's buffer four times per decoding step
@@ -314,7 +352,7 @@ def attention_layout(c: ModelConfig, shape: tuple[int, int], cache: KVCache, tre
   rows = jnp.arange(b)[:, None]
   write = lambda buf, new: buf.at[rows, :, write_slots].set(
       jnp.pad(new, ((0, 0), (0, dummy), (0, 0), (0, 0))).astype(buf.dtype), mode="drop")
-  return positions, mask, write
+  return positions, masks, write
 
 
 class Transformer(nnx.Module):
@@ -325,16 +363,17 @@ class Transformer(nnx.Module):
     dtype = jnp.dtype(c.dtype)
     self.config = c
     self.embed = _param(rngs, (c.vocab_size, c.hidden_size), ("vocab", "embed"), dtype)
-    self.pos_embed = (None if c.is_llama_family else
+    self.pos_embed = (None if c.llama_like else
                       _param(rngs, (c.max_position_embeddings, c.hidden_size), (None, "embed"), dtype))
     self.layers = nnx.List([Block(c, rngs, dtype) for _ in range(c.num_layers)])
     self.final_norm = Norm(c, dtype)
     self.lm_head = (None if c.tie_word_embeddings else
                     _param(rngs, (c.hidden_size, c.vocab_size), ("embed", "vocab"), dtype))
-    if c.is_llama_family:
-      self.inv_freq = nnx.Variable(jnp.asarray(rope_inverse_frequencies(c)))  # not a Param
-    else:
-      self.inv_freq = None
+    # Rotary frequencies (not Params): global layers', and Gemma 3's sliding layers' own base.
+    self.inv_freq = (nnx.Variable(jnp.asarray(rope_inverse_frequencies(c))) if c.llama_like
+                     else None)
+    self.local_inv_freq = (None if c.rope_local_theta is None else nnx.Variable(
+        jnp.asarray(rope_inverse_frequencies(c, SLIDING_ATTENTION))))
 
   def __call__(
       self,
@@ -370,17 +409,19 @@ class Transformer(nnx.Module):
       hidden states of all T new tokens at those layers (``FEATURE_AXES``), in the model dtype.
     """
     c = self.config
-    positions, mask, write = attention_layout(c, tokens.shape, cache, tree_mask, depths)
-    x = jnp.take(self.embed[...], tokens, axis=0)
-    rope = None if self.inv_freq is None else rotary(self.inv_freq[...], positions, x.dtype)
-    if rope is None:
+    positions, masks, write = attention_layout(c, tokens.shape, cache, tree_mask, depths)
+    x = self.embed_tokens(tokens)
+    if self.inv_freq is None:
       # Scratch tokens past the budget may sit beyond the table; they are never emitted.
       x = x + jnp.take(self.pos_embed[...], positions, axis=0, mode="clip")
+      ropes = dict.fromkeys(masks)
+    else:
+      ropes = {kind: rotary(self.rotary_frequencies(kind), positions, x.dtype) for kind in masks}
 
     new_k, new_v, hidden = [], [], []
     wanted = feature_layers(features, len(self.layers))
-    for i, layer in enumerate(self.layers):
-      x, k, v = layer(x, rope, cache.k[i], cache.v[i], write, mask)
+    for i, (layer, kind) in enumerate(zip(self.layers, c.layer_kinds)):
+      x, k, v = layer(x, ropes[kind], cache.k[i], cache.v[i], write, masks[kind])
       new_k.append(k)
       new_v.append(v)
       hidden.append(x)
@@ -394,11 +435,26 @@ class Transformer(nnx.Module):
       return logits, cache
     return logits, cache, jnp.stack([normed if i == NORMED else hidden[i] for i in wanted], axis=2)
 
+  def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+    """[..., E] input embeddings of int ``tokens``: rows of ``embed``, times sqrt(hidden) for
+    Gemma, that factor rounded to the embedding dtype first as HF does (bfloat16: 55.5 for
+    sqrt(3072) = 55.43)."""
+    x = jnp.take(self.embed[...], tokens, axis=0)
+    scale = self.config.embed_scale
+    return x if scale is None else x * jnp.asarray(scale, x.dtype)
+
+  def rotary_frequencies(self, kind: str) -> jax.Array:
+    """The rotary inverse frequencies of layers of ``kind``."""
+    local = kind == SLIDING_ATTENTION and self.local_inv_freq is not None
+    return (self.local_inv_freq if local else self.inv_freq)[...]
+
   def project(self, x: jax.Array) -> jax.Array:
     """float32[..., V] logits of final-norm features ``x``: the vocabulary projection (tied to the
-    embedding or not); ``specjax.models.reduced_vocab`` overrides it."""
+    embedding or not), soft-capped where the config says (Gemma 2); ``specjax.models.
+    reduced_vocab`` overrides it."""
     head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
-    return jnp.dot(x, head, preferred_element_type=jnp.float32)
+    return softcap(jnp.dot(x, head, preferred_element_type=jnp.float32),
+                   self.config.final_logit_softcapping)
 
 
 def check_model(model, role: str = "model") -> None:
@@ -437,15 +493,17 @@ def skip_layers(model: Transformer, skip: Sequence[int]) -> Transformer:
   is set in the other), whose ``config.num_layers`` counts the kept layers, so that a cache for
   it has one buffer per kept layer. The config does not record which layers were kept: no layer
   depends on its index, so every skip set of one size has the same graph definition (one
-  compilation for all of them). A per-layer setting (Qwen2's ``max_window_layers``, GPT-2's
-  ``scale_attn_by_inverse_layer_idx``; both refused on load today) would have to travel with its
-  block.
+  compilation for all of them). A per-layer setting travels in the config: Gemma's
+  ``layer_types`` keeps the kept layers' kinds (sets that keep the same kinds in the same order
+  share a compilation). Others (Qwen2's ``max_window_layers``, GPT-2's
+  ``scale_attn_by_inverse_layer_idx``; both refused on load today) would have to as well.
   """
   check_skip(skip, model.config.num_layers)
   skip = {int(i) for i in skip}
   view = nnx.merge(*nnx.split(model))
-  view.layers = nnx.List([block for i, block in enumerate(view.layers) if i not in skip])
-  view.config = dataclasses.replace(model.config, num_layers=len(view.layers))
+  kept = [i for i in range(model.config.num_layers) if i not in skip]
+  view.layers = nnx.List([view.layers[i] for i in kept])
+  view.config = model.config.keep_layers(kept)
   return view
 
 

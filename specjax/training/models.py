@@ -82,7 +82,7 @@ def draft_from_teacher(teacher: Transformer, layers: Iterable[int],
   n = teacher.config.num_layers
   if not layers or any(not 0 <= i < n for i in layers):
     raise ValueError(f"draft layers {layers} must be a non-empty list of teacher layers 0..{n - 1}")
-  config = dataclasses.replace(teacher.config, num_layers=len(layers), dtype=dtype)
+  config = dataclasses.replace(teacher.config.keep_layers(layers), dtype=dtype)
   draft = nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(0)))
   source = nnx.merge(*nnx.split(teacher))
   source.layers = nnx.List([teacher.layers[i] for i in layers])
