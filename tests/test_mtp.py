@@ -578,6 +578,37 @@ class TrainTest(absltest.TestCase):
     self.assertLen(report["agreement"], 2)
     self.assertGreater(report["agreement"][0], 0.5)  # held out: the trained module drafts well
 
+  def test_stack_init_forward_and_training(self):
+    """A stack of 2: each module starts as the target's own law at t; the training forward
+    (``stack_forward``: module k on module k-1's output and token t + k) is the inference
+    modules' pass; DeepSeek's D-depth loss trains both modules."""
+    from specjax.training.eagle_forward import stack_forward
+    _, tokens, mask = rows()
+    target = random_transformer(TRAIN_CONFIG, 0)
+    stack = et.init_eagle_head(target, "mtp", num_modules=2)
+    self.assertIsInstance(stack, MTPStack)
+    seq = jnp.asarray(tokens[:2])
+    t = seq.shape[1] - 2
+    feats = target(seq, init_cache(TRAIN_CONFIG, 2, seq.shape[1]), features=("normed",))[2]
+    hidden = stack.modules[0].from_target(feats[:, :t])
+    outs = stack_forward(stack, target.embed[...], seq[:, 1:], hidden, 2)
+    for k, (module, out) in enumerate(zip(stack.modules, outs), 1):
+      embeds = jnp.take(target.embed[...], seq[:, k:k + t], axis=0)
+      hidden, _ = module(embeds, hidden, init_cache(module.config, 2, seq.shape[1]))
+      np.testing.assert_allclose(out, hidden, atol=1e-5, rtol=1e-5, err_msg=f"module {k}")
+      np.testing.assert_allclose(module.draft_logits(out, target),
+                                 target.project(feats[:, :t, 0]), atol=1e-2, rtol=1e-2)
+    _, report = et.train_eagle(target, stack, tokens, mask, eval_rows=4, steps=30,
+                               batch_size=8, lr=1e-2, warmup_steps=5, eval_steps=4,
+                               log_every=10)
+    self.assertEqual((report["kind"], report["config"]["ttt_steps"]), ("mtp", 2))
+    first, last = report["history"][0], report["history"][-1]
+    self.assertLen(last["acc"], 2)
+    self.assertLess(last["loss"], first["loss"] - 0.3)
+    for k in range(2):
+      self.assertGreater(last["acc"][k], first["acc"][k] + 0.1)
+    self.assertLen(report["agreement"], 2)
+
 
 if __name__ == "__main__":
   absltest.main()
