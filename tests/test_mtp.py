@@ -118,37 +118,36 @@ def wrong_step_law(draw_rest):
   return mutant
 
 
+def check_law_and_mutant(test, head, name: str, patch) -> None:
+  """A sampled ``sj.MTP(head, gamma=2)`` chain emits the target's law (every accepted length
+  seen) and, with ``patch`` (``patched``'s triple) applied, is rejected."""
+  gamma = 2
+  run = lambda name: lawcheck.check_law(
+      law_transformer(), sj.MTP(head, gamma=gamma), S(1.0), [(3, 1, 4, 1, 5)], gamma + 3,
+      seed=_seed(name), exact_law=lawcheck.transformer_law)
+  clean = run(name)
+  test.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
+  counts = np.asarray(clean.out.stats.accepted_length_counts)
+  test.assertTrue(np.all(counts > 0), msg=str(counts))
+  with patched((patch,)):
+    mutant = run(name + "_mutant")
+  test.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
+
+
 class LawTest(absltest.TestCase):
 
   def test_sampled_chain_and_wrong_step_law_mutant(self):
-    gamma = 2
-    run = lambda name: lawcheck.check_law(
-        law_transformer(), sj.MTP(random_mtp(LAW_CONFIG, 3), gamma=gamma), S(1.0),
-        [(3, 1, 4, 1, 5)], gamma + 3, seed=_seed(name),
-        exact_law=lawcheck.transformer_law)
-    clean = run("mtp_chain")
-    self.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
-    counts = np.asarray(clean.out.stats.accepted_length_counts)
-    self.assertTrue(np.all(counts > 0), msg=str(counts))
-    with patched(((eagle_lib, "draw_rest", wrong_step_law(eagle_lib.draw_rest)),)):
-      mutant = run("mtp_wrong_step")
-    self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
-
-
-def numpy_mtp(tensors: dict, prefix: str, config: sj.ModelConfig, tokens, hidden, embed,
-              lm_head) -> np.ndarray:
-  """An independent NumPy forward of the published MTP layer ``prefix`` (torch layout): [T + 1]
-  tokens (the layer at t reads token t + 1) and [T, E] hiddens at positions 0..T-1 ->
-  float64[T, V] logits (``lm_head`` [V, E]:
-  the target's, used when the layer has no ``shared_head.head``)."""
-  return numpy_mtp_stack(tensors, [prefix], config, tokens, hidden, embed, lm_head)[0]
+    check_law_and_mutant(self, random_mtp(LAW_CONFIG, 3), "mtp_chain",
+                         (eagle_lib, "draw_rest", wrong_step_law(eagle_lib.draw_rest)))
 
 
 def numpy_mtp_stack(tensors: dict, prefixes, config: sj.ModelConfig, tokens, hidden, embed,
                     lm_head) -> list:
-  """The published layers ``prefixes`` as DeepSeek's sequential modules, in NumPy: [T + 1]
-  tokens and [T, E] hiddens at positions 0..T-1; module k (k = 1..) at position t reads module
-  k-1's output at t and token t + k -> float64[T - k + 1, V] logits per module."""
+  """An independent NumPy forward of the published MTP layers ``prefixes`` (torch layout) as
+  DeepSeek's sequential modules: [T + 1] tokens and [T, E] hiddens at positions 0..T-1; module
+  k (k = 1..) at position t reads module k-1's output at t and token t + k -> float64[T - k + 1,
+  V] logits per module (``lm_head`` [V, E]: the target's, used by a layer without
+  ``shared_head.head``)."""
   hidden = np.asarray(hidden, np.float64)
   logits = []
   for k, prefix in enumerate(prefixes, 1):
@@ -207,7 +206,6 @@ class LayoutTest(absltest.TestCase):
     return tensors
 
   def test_load_published_and_round_trip(self):
-    from safetensors.numpy import load_file
     target = random_transformer(TF_CONFIG, 0)
     c = TF_CONFIG
     p = f"model.layers.{c.num_layers}."
@@ -218,40 +216,14 @@ class LayoutTest(absltest.TestCase):
         self.assertIsInstance(head, MTPHead)
         self.assertEqual(head.lm_head is not None, own_head)
         self.assertEqual(head.embed is not None, with_embed)
-        rng = np.random.default_rng(1)
-        tokens = rng.integers(0, c.vocab_size, 7)
-        hidden = rng.standard_normal((6, c.hidden_size)).astype(np.float32)
-        embed = np.asarray(target.embed.get_value())
-        expected = numpy_mtp(tensors, p, c, tokens, hidden, embed,
-                             np.asarray(target.lm_head.get_value()).T)
-        h, _ = head(jnp.asarray(embed[tokens[1:]])[None], jnp.asarray(hidden)[None],
-                    init_cache(head.config, 1, 8))
-        np.testing.assert_allclose(head.draft_logits(h[0], target), expected, atol=1e-4,
-                                   rtol=1e-4)
+        self.check_forward([head], [p], tensors, target)
         sj.MTP(head).validate(target, 4, 4, "prompt length")  # sizes and embedding match
-        with tempfile.TemporaryDirectory() as out:
-          sj.save_head(head, out, target)
-          written = load_file(os.path.join(out, "model.safetensors"))
-          self.assertEqual(sorted(written), sorted(set(tensors) | {p + "embed_tokens.weight"}))
-          for name, value in tensors.items():
-            np.testing.assert_array_equal(written[name], value, err_msg=name)
-          with open(os.path.join(out, "config.json")) as f:
-            hf = json.load(f)
-          self.assertEqual((hf["num_nextn_predict_layers"], hf["num_hidden_layers"]),
-                           (1, c.num_layers))
-          again = sj.load_head(out)
-          flat = lambda m: {k: v.get_value() for k, v in nnx.to_flat_state(
-              nnx.state(m, nnx.Param)) if k != ("embed",)}
-          before, after = flat(head), flat(again)
-          self.assertEqual(sorted(before), sorted(after))
-          for k, v in before.items():
-            np.testing.assert_array_equal(v, after[k], err_msg=str(k))
+        self.round_trip(head, target, tensors, set(tensors) | {p + "embed_tokens.weight"}, 1)
 
   def test_stack_load_published_and_round_trip(self):
     """num_nextn_predict_layers = 2: layers N and N + 1 load as an ``MTPStack`` whose chained
     modules match an independent NumPy forward of DeepSeek's sequential modules, and write back
     tensor for tensor."""
-    from safetensors.numpy import load_file
     target = random_transformer(TF_CONFIG, 0)
     c = TF_CONFIG
     prefixes = [f"model.layers.{c.num_layers + k}." for k in range(2)]
@@ -261,36 +233,48 @@ class LayoutTest(absltest.TestCase):
       self.assertIsInstance(stack, MTPStack)
       self.assertEqual([(m.depth, m.layer_index, m.lm_head is not None)
                         for m in stack.modules], [(1, 2, False), (2, 3, True)])
-      rng = np.random.default_rng(1)
-      tokens = rng.integers(0, c.vocab_size, 7)
-      hidden = rng.standard_normal((6, c.hidden_size)).astype(np.float32)
-      embed = np.asarray(target.embed.get_value())
-      expected = numpy_mtp_stack(tensors, prefixes, c, tokens, hidden, embed,
-                                 np.asarray(target.lm_head.get_value()).T)
-      h = jnp.asarray(hidden)[None]
-      for k, module in enumerate(stack.modules, 1):
-        h, _ = module(jnp.asarray(embed[tokens[k:]])[None], h[:, :len(tokens) - k],
-                      init_cache(module.config, 1, 8))
-        np.testing.assert_allclose(module.draft_logits(h[0], target), expected[k - 1],
-                                   atol=1e-4, rtol=1e-4, err_msg=f"module {k}")
+      self.check_forward(stack.modules, prefixes, tensors, target)
       sj.MTP(stack).validate(target, 4, 4, "prompt length")
-      with tempfile.TemporaryDirectory() as out:
-        sj.save_head(stack, out, target)
-        written = load_file(os.path.join(out, "model.safetensors"))
-        self.assertEqual(sorted(written), sorted(tensors))
-        for name, value in tensors.items():
-          np.testing.assert_array_equal(written[name], value, err_msg=name)
-        with open(os.path.join(out, "config.json")) as f:
-          hf = json.load(f)
-        self.assertEqual((hf["num_nextn_predict_layers"], hf["num_hidden_layers"]),
-                         (2, c.num_layers))
-        again = sj.load_head(out)
-        flat = lambda m: {k: v.get_value() for k, v in nnx.to_flat_state(
-            nnx.state(m, nnx.Param))}
-        before, after = flat(stack), flat(again)
-        self.assertEqual(sorted(before), sorted(after))
-        for k, v in before.items():
-          np.testing.assert_array_equal(v, after[k], err_msg=str(k))
+      self.round_trip(stack, target, tensors, set(tensors), 2)
+
+  def check_forward(self, modules, prefixes, tensors: dict, target) -> None:
+    """The loaded ``modules`` chained as DeepSeek's sequential modules (module k on module k-1's
+    output and token t + k) give ``numpy_mtp_stack``'s logits of the layers ``prefixes``."""
+    c = target.config
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, c.vocab_size, 7)
+    hidden = rng.standard_normal((6, c.hidden_size)).astype(np.float32)
+    embed = np.asarray(target.embed.get_value())
+    expected = numpy_mtp_stack(tensors, prefixes, c, tokens, hidden, embed,
+                               np.asarray(target.lm_head.get_value()).T)
+    h = jnp.asarray(hidden)[None]
+    for k, module in enumerate(modules, 1):
+      h, _ = module(jnp.asarray(embed[tokens[k:]])[None], h[:, :len(tokens) - k],
+                    init_cache(module.config, 1, 8))
+      np.testing.assert_allclose(module.draft_logits(h[0], target), expected[k - 1],
+                                 atol=1e-4, rtol=1e-4, err_msg=f"module {k}")
+
+  def round_trip(self, head, target, tensors: dict, names: set, count: int) -> None:
+    """``sj.save_head(head, .., target)`` writes ``names`` (``tensors`` as they were) and a
+    config of ``count`` modules, which loads back to the same parameters (embeddings aside)."""
+    from safetensors.numpy import load_file
+    with tempfile.TemporaryDirectory() as out:
+      sj.save_head(head, out, target)
+      written = load_file(os.path.join(out, "model.safetensors"))
+      self.assertEqual(sorted(written), sorted(names))
+      for name, value in tensors.items():
+        np.testing.assert_array_equal(written[name], value, err_msg=name)
+      with open(os.path.join(out, "config.json")) as f:
+        hf = json.load(f)
+      self.assertEqual((hf["num_nextn_predict_layers"], hf["num_hidden_layers"]),
+                       (count, target.config.num_layers))
+      again = sj.load_head(out)
+      flat = lambda m: {k: v.get_value() for k, v in nnx.to_flat_state(
+          nnx.state(m, nnx.Param)) if k[-1] != "embed"}
+      before, after = flat(head), flat(again)
+      self.assertEqual(sorted(before), sorted(after))
+      for k, v in before.items():
+        np.testing.assert_array_equal(v, after[k], err_msg=str(k))
 
   def test_load_pickled_shards(self):
     """A checkpoint in pickled shards (``pytorch_model.bin.index.json``) loads through
@@ -368,7 +352,7 @@ def init_eagle1():
 
 # ---- DeepSeek-V3's stack of D > 1 modules (``MTPStack``, ``specjax.proposers.mtp``) ----------
 
-STACK_PROMPTS = ([3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 5], [1, 8, 2, 8, 1])  # >= 3 tokens each
+STACK_PROMPTS = ([3, 1, 4, 1, 5, 9, 2, 6], [2], [1, 8, 2, 8, 1])  # row 1 shorter than D
 
 
 def oracle_stack(depth: int):
@@ -386,7 +370,8 @@ def oracle_stack(depth: int):
 
 class StackGreedyTest(absltest.TestCase):
   """At temperature 0 a stack's chain returns the Autoregressive tokens, D = 2 and 3, gamma = D
-  and gamma < D, ragged rows, EOS; one pass of each drafting module per iteration."""
+  and gamma < D (1 too), ragged rows (one shorter than D), EOS; one pass of each drafting module
+  per iteration."""
 
   def test_chains_match_autoregressive(self):
     target = random_transformer(TF_CONFIG, 0)
@@ -395,7 +380,7 @@ class StackGreedyTest(absltest.TestCase):
     ar_eos = sj.generate(target, STACK_PROMPTS, sj.Autoregressive(), max_new_tokens=GREEDY_NEW,
                          eos_token_id=eos)
     for depth, gamma, eos_id, expected in ((2, 2, None, ar.tokens), (3, 3, eos, ar_eos.tokens),
-                                           (3, 2, None, ar.tokens)):
+                                           (3, 2, None, ar.tokens), (2, 1, None, ar.tokens)):
       stack = random_mtp(TF_CONFIG, 4, num_modules=depth)
       out = sj.generate(target, STACK_PROMPTS, sj.MTP(stack, gamma=gamma),
                         max_new_tokens=GREEDY_NEW, eos_token_id=eos_id)
@@ -406,7 +391,7 @@ class StackGreedyTest(absltest.TestCase):
     target, stack = oracle_stack(3)
     new, gamma = 13, 3
     rng = np.random.default_rng(0)
-    prompts = [list(rng.integers(0, TF_CONFIG.vocab_size, n)) for n in (3, 5, 9)]
+    prompts = [list(rng.integers(0, TF_CONFIG.vocab_size, n)) for n in (1, 5, 9)]
     ar = sj.generate(target, prompts, sj.Autoregressive(), max_new_tokens=new)
     out = sj.generate(target, prompts, sj.MTP(stack, gamma=gamma), max_new_tokens=new)
     np.testing.assert_array_equal(out.tokens, ar.tokens)
@@ -424,9 +409,6 @@ class StackErrorsTest(absltest.TestCase):
                                 r"<= 3\), not a tree"):
       sj.MTP(stack, tree=TREE)
     self.assertEqual(sj.MTP(stack).gamma, 3)  # default: every module
-    with self.assertRaisesRegex(ValueError, r"prompt 1 has 1 token\(s\): a stack of MTP modules "
-                                r"drafting gamma=2 needs prompts of at least 2 tokens"):
-      sj.generate(target, [[1, 2, 3], [1]], sj.MTP(stack, gamma=2), max_new_tokens=2)
     modules = list(stack.modules)
     with self.assertRaisesRegex(ValueError, r"an MTP stack has at least 2 modules"):
       MTPStack(modules[:1])
@@ -483,7 +465,7 @@ class StackProposerTest(absltest.TestCase):
     text = rng.integers(0, TF_CONFIG.vocab_size, (batch, width)).astype(np.int32)
     feats = target(jnp.asarray(text), init_cache(target.config, batch, width),
                    features=proposer.features)[2]
-    lengths = np.array([gamma, 6])
+    lengths = np.array([1, 6])  # row 0: modules 2..gamma have no entry yet
     rows = np.arange(batch)
     state = proposer.prefill(params, jnp.asarray(text[:, :6]), jnp.asarray(lengths), width + 8,
                              feats[:, :6])
@@ -534,19 +516,8 @@ def rolled_laws(stack_candidates):
 class StackLawTest(absltest.TestCase):
 
   def test_sampled_stack_chain_and_rolled_law_mutant(self):
-    gamma = 2
-    run = lambda name: lawcheck.check_law(
-        law_transformer(), sj.MTP(random_mtp(LAW_CONFIG, 3, num_modules=2), gamma=gamma),
-        S(1.0), [(3, 1, 4, 1, 5)], gamma + 3, seed=_seed(name),
-        exact_law=lawcheck.transformer_law)
-    clean = run("mtp_stack_chain")
-    self.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
-    counts = np.asarray(clean.out.stats.accepted_length_counts)
-    self.assertTrue(np.all(counts > 0), msg=str(counts))
-    with patched(((mtp_lib, "chain_candidates", rolled_laws(mtp_lib.chain_candidates)),)):
-      mutant = run("mtp_stack_rolled")
-    self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
-
+    check_law_and_mutant(self, random_mtp(LAW_CONFIG, 3, num_modules=2), "mtp_stack_chain",
+                         (mtp_lib, "chain_candidates", rolled_laws(mtp_lib.chain_candidates)))
 
 
 class TrainTest(absltest.TestCase):

@@ -148,9 +148,6 @@ def _loop_arguments(model, prompts, method, sampling, max_new_tokens, key, eos_t
                  (int(prompt_width), "prompt_width"))
   check_context(model, "target", width, max_new_tokens, what)
   method.validate(model, width, max_new_tokens, what)
-  check_prompts = getattr(method, "check_prompts", None)  # optional: per-row prompt lengths
-  if check_prompts is not None:
-    check_prompts(lengths)
 
   placement = None
   if mesh is not None or sharding_rules is not None or draft_sharding != "rules":

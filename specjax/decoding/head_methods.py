@@ -109,7 +109,7 @@ class MTP(Eagle):
 
   ``sj.MTP(stack, gamma=...)`` with an ``MTPStack`` of ``D`` modules (``num_nextn_predict_layers:
   D``) drafts DeepSeek's way: draft ``k`` from module ``k`` (``specjax.proposers.mtp``), so
-  ``gamma <= D`` (default D), chains only, and every prompt needs at least ``gamma`` tokens.
+  ``gamma <= D`` (default D), chains only.
   The target must be an ``sj.Transformer`` with the modules' hidden size and vocabulary and
   ``N`` layers (module ``k`` is checkpoint layer ``N + k - 1``).
   """
@@ -145,16 +145,6 @@ class MTP(Eagle):
     for module in self.head.modules:
       check_head(module, target)
     check_guesses(self.gamma, "gamma", target)
-
-  def check_prompts(self, lengths) -> None:
-    """A stack's module ``k`` first reads prompt token ``k``: prompts of >= ``gamma`` tokens."""
-    if not isinstance(self.head, MTPStack):
-      return
-    for row, length in enumerate(lengths):
-      if length < self.gamma:
-        raise ValueError(f"prompt {row} has {int(length)} token(s): a stack of MTP modules "
-                         f"drafting gamma={self.gamma} needs prompts of at least {self.gamma} "
-                         f"tokens (module k's first entry reads prompt token k)")
 
   def proposer(self, target: Transformer):
     if not isinstance(self.head, MTPStack):

@@ -26,11 +26,14 @@ an extra decoder layer ``N = num_hidden_layers`` of the model checkpoint: ``mode
 optional ``shared_head.head.weight`` [V, E] (absent: the target's LM head) and
 ``embed_tokens.weight`` (checked equal to the target's embedding, like EAGLE's), and the Llama
 decoder layer's ``self_attn.*``, ``mlp.*``, ``input_layernorm`` and ``post_attention_layernorm``.
-config.json is the target's Llama config plus ``num_nextn_predict_layers`` (1 supported); the
-module's tensors are read out of ``model.safetensors`` (or the shards its index names; else
-``pytorch_model.bin`` or its shards, through ``torch.load(weights_only=True)`` when torch is
-installed: each pickled shard loads whole) and the
-main model's tensors beside them are ignored.
+config.json is the target's Llama config plus ``num_nextn_predict_layers = D``; with ``D > 1``
+the modules are layers ``N .. N + D - 1`` (each with the same tensors) and load as an
+``MTPStack``, DeepSeek-V3's sequential modules: module ``k`` at ``t`` reads module ``k - 1``'s
+``h_out`` at ``t`` and the embedding of token ``t + k`` (``sj.MTP(stack, gamma <= D)`` drafts
+token ``k`` with module ``k``, ``specjax.proposers.mtp``). The modules' tensors are read out
+of ``model.safetensors`` (or the shards its index names; else ``pytorch_model.bin`` or its
+shards, through ``torch.load(weights_only=True)`` when torch is installed: each pickled shard
+loads whole) and the main model's tensors beside them are ignored.
 
 Scope: the block is a dense Llama-family decoder layer; DeepSeek's own MLA attention and MoE MLP
 are not implemented (a DeepSeek-V3 checkpoint does not load). vLLM zeroes the embedding at
@@ -203,8 +206,9 @@ def _shards(path: str, file_name: str) -> list[str] | None:
 
 
 def _module_tensors(path: str, safetensors_name: str, prefix: str | tuple[str, ...]) -> dict:
-  """The tensors named ``prefix*`` (one of the prefixes) in checkpoint ``path``: from ``safetensors_name`` (or its
-  index's shards), else from ``pytorch_model.bin`` (or its shards) through ``torch.load``."""
+  """The tensors named ``prefix*`` (or any of a tuple of prefixes) in checkpoint ``path``: from
+  ``safetensors_name`` (or its index's shards), else from ``pytorch_model.bin`` (or its shards)
+  through ``torch.load``."""
   files = _shards(path, safetensors_name)
   if files is not None:
     with _SafetensorsReader(files) as reader:

@@ -9,21 +9,25 @@ feature for k = 1) and token ``x_{t+k}``; its output predicts ``x_{t+k+1}``. Wit
 
 Invariant between iterations (``c`` = EAGLE's waiting count, the accepted drafts + 1): module 1's
 state is EAGLE's (``EagleState``: committed length ``L_1 = P - c``, the ``c`` waiting pairs);
-module ``k``'s committed entries are those with known inputs, ``t <= P - c - k + 1``... i.e. its
-length is ``L_k = L_1 - (k - 1)``, and ``carry_k`` is its output at its last committed entry
-``L_k - 1`` (kept for ``k < gamma``). One pass per module per iteration covers module ``k``'s
-entries ``L_k .. P - 1``: ``c + k - 1`` columns (static width ``gamma + k``, ragged per row), the
-``c`` waiting tokens and then ``d_1 .. d_{k-1}``, then pads (after every real column, so the causal
-mask hides them); its hidden inputs are ``[carry_{k-1} ; module k-1's pass outputs]`` (module
-``k - 1``'s pass starts one entry later, so the columns align). ``d_k`` comes from column
-``c + k - 2`` (entry ``P - 1``). The first ``c`` columns are true entries: they become committed
-(``L_k + c``), and column ``c - 1`` is the next carry. ``commit`` takes module 1's state from
-EAGLE's ``commit`` and the carries of active rows (finished rows keep theirs).
+module ``k``'s committed entries are its true ones up to the waiting tokens, ``L_k = L_1 -
+(k - 1)`` of them, and ``carry_k`` is its output at its last committed entry ``L_k - 1`` (kept for
+``k < gamma``). One pass per module per iteration covers module ``k``'s entries ``L_k .. P - 1``:
+``c + k - 1`` columns (static width ``gamma + k``, ragged per row), the ``c`` waiting tokens and
+then ``d_1 .. d_{k-1}``, then pads (after every real column, so the causal mask hides them); its
+hidden inputs are ``[carry_{k-1} ; module k-1's pass outputs]`` (module ``k - 1``'s pass starts
+one entry later, so the columns align). ``d_k`` comes from column ``c + k - 2`` (entry ``P - 1``).
+The first ``c`` columns are true entries: they become committed (``L_k + c``), and column
+``c - 1`` is the next carry. ``commit`` takes module 1's state from EAGLE's ``commit`` and the
+carries of active rows (finished rows keep theirs).
 
-Prefill: module ``k`` over prompt entries ``t <= length - 1 - k`` (tokens ``prompt[:, k:]``, hidden
-inputs module ``k - 1``'s prefill outputs), so every prompt needs ``length >= gamma``
-(``sj.MTP`` checks it before compiling). Sampling: ``d_k`` is drawn from module ``k``'s warped
-law, the ``q`` the chain rule verifies (lossless; greedy: argmax, q = None).
+Young rows: while ``L_1 < k - 1`` (a prompt shorter than ``k`` tokens, in its first iterations)
+module ``k``'s first ``k - 1 - L_1`` columns would be entries before 0; the row's columns are
+shifted left past them (``shift``: its cache stays empty until its first true entry, its carry is
+not read until then), so any prompt length works and the drafts stay DeepSeek's modules over
+what exists. Prefill: module ``k`` over prompt entries ``t <= length - 1 - k`` (tokens
+``prompt[:, k:]``, hidden inputs module ``k - 1``'s prefill outputs). Sampling: ``d_k`` is drawn
+from module ``k``'s warped law, the ``q`` the chain rule verifies (lossless; greedy: argmax,
+q = None).
 """
 
 from __future__ import annotations
@@ -51,50 +55,69 @@ class StackState:
 
 def prefill(models: eagle.Models, prompt: jax.Array, prompt_lengths: jax.Array,
             cache_length: int, features: jax.Array, gamma: int) -> StackState:
-  """Modules ``1..gamma`` over the prompt (every prompt at least ``gamma`` tokens long)."""
+  """Modules ``1..gamma`` over the prompt: module ``k`` over entries ``t <= length - 1 - k``
+  (none for a prompt of ``<= k`` tokens)."""
   modules = models.head.modules
   batch, width = prompt.shape
   rows = jnp.arange(batch)
   first, hidden = eagle.prefill_outputs(models.with_head(modules[0]), prompt, prompt_lengths,
                                         cache_length, features, gamma)
+  config = models.head.config
+  zeros = jnp.zeros((batch, config.hidden_size), jnp.dtype(config.dtype))
   caches, carries = [], []
   for k in range(2, gamma + 1):  # hidden: module k - 1's outputs, entry t at column t
-    carries.append(hidden[rows, prompt_lengths - k])  # its last committed entry, length - k
+    # its last committed entry, length - k (unused while module k has no committed entry)
+    carries.append(zeros if hidden is None else
+                   hidden[rows, jnp.maximum(prompt_lengths - k, 0)].astype(zeros.dtype))
     module = models.with_head(modules[k - 1])
     cache = init_cache(module.head.config, batch, cache_length)
+    hidden_k = None
     if width > k:
-      hidden, cache = module.step(prompt[:, k:], hidden[:, :-1], cache)
-    caches.append(cache.with_lengths(prompt_lengths - k))
-  config = models.head.config
-  carries = (jnp.stack(carries, axis=1) if carries else
-             jnp.zeros((batch, 0, config.hidden_size), jnp.dtype(config.dtype)))
+      hidden_k, cache = module.step(prompt[:, k:], hidden[:, :-1], cache)
+    hidden = hidden_k
+    caches.append(cache.with_lengths(jnp.maximum(prompt_lengths - k, 0)))
+  carries = jnp.stack(carries, axis=1) if carries else zeros[:, None][:, :0]
   return StackState(first=first, caches=tuple(caches), carries=carries, next_carries=carries)
+
+
+def shift(x: jax.Array, offset: jax.Array) -> jax.Array:
+  """``x[b, j + offset[b]]`` along axis 1 (indices clipped to the width): a row's columns moved
+  left by its ``offset`` (right when negative)."""
+  width = x.shape[1]
+  index = jnp.clip(jnp.arange(width)[None, :] + offset[:, None], 0, width - 1)
+  return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
 def propose(models: eagle.Models, state: StackState, pending: jax.Array, keys: jax.Array,
             sampling, gamma: int):
   """(Candidates: the chain ``d_1..d_gamma`` and their laws, the state with every module's pass
-  written; ``commit`` sets the lengths and carries)."""
+  written; ``commit`` sets the lengths and carries). Columns are "raw": module ``k``'s column
+  ``j`` is its entry ``L_k + j`` with ``L_k = L_1 - (k - 1)``; a young row's negative entries
+  (``L_k < 0``: a prompt shorter than ``k``) are shifted out of its pass (``shift``)."""
   modules = models.head.modules
   count = state.first.count
+  first_length = state.first.cache.lengths  # L_1 = P - count
   rows = jnp.arange(pending.shape[0])
   module = models.with_head(modules[0])
-  tokens, hidden, cache = eagle.waiting_pass(module, state.first, pending)
-  token, q = draw(keys[:, 0], module.logits(hidden[rows, count - 1]), sampling)
+  tokens, raw, cache = eagle.waiting_pass(module, state.first, pending)
+  token, q = draw(keys[:, 0], module.logits(raw[rows, count - 1]), sampling)
   drafts, laws, carries, caches = [token], [q], [], []
-  for k in range(2, gamma + 1):
-    carries.append(hidden[rows, count - 1])  # module k - 1's output at its new last entry
+  for k in range(2, gamma + 1):  # raw: module k - 1's outputs in raw columns
+    carries.append(raw[rows, count - 1])  # module k - 1's output at its new last entry
     tokens = jnp.pad(tokens, ((0, 0), (0, 1))).at[rows, count + k - 2].set(token)
-    inputs = jnp.concatenate([state.carries[:, k - 2, None].astype(hidden.dtype), hidden], axis=1)
+    inputs = jnp.concatenate([state.carries[:, k - 2, None].astype(raw.dtype), raw], axis=1)
+    offset = jnp.maximum(k - 1 - first_length, 0)  # the row's entries before 0
     module = models.with_head(modules[k - 1])
-    hidden, cache_k = module.step(tokens, inputs, state.caches[k - 2])
-    caches.append(cache_k.with_lengths(cache_k.lengths + count))
-    token, q = draw(keys[:, k - 1], module.logits(hidden[rows, count + k - 2]), sampling)
+    out, cache_k = module.step(shift(tokens, offset), shift(inputs, offset), state.caches[k - 2])
+    caches.append(cache_k.with_lengths(jnp.maximum(first_length - (k - 1) + count, 0)))
+    raw = shift(out, -offset)
+    token, q = draw(keys[:, k - 1], module.logits(raw[rows, count + k - 2]), sampling)
     drafts.append(token)
     laws.append(q)
-  next_carries = jnp.stack(carries, axis=1) if carries else state.carries
-  return chain_candidates(drafts, laws), state.replace(first=state.first.replace(cache=cache), caches=tuple(caches),
-                                   next_carries=next_carries.astype(state.carries.dtype))
+  next_carries = jnp.stack(carries, axis=1).astype(state.carries.dtype) if carries else \
+      state.carries
+  return chain_candidates(drafts, laws), state.replace(
+      first=state.first.replace(cache=cache), caches=tuple(caches), next_carries=next_carries)
 
 
 def chain_candidates(drafts: list, laws: list) -> Candidates:
@@ -108,7 +131,8 @@ def commit(state: StackState, drafts: jax.Array, outcome) -> StackState:
   take this iteration's carries."""
   first = eagle.commit(state.first, drafts, outcome)
   lengths = first.cache.lengths
-  caches = tuple(cache.with_lengths(lengths - k) for k, cache in enumerate(state.caches, 1))
+  caches = tuple(cache.with_lengths(jnp.maximum(lengths - k, 0))
+                 for k, cache in enumerate(state.caches, 1))
   carries = jnp.where(outcome.active[:, None, None], state.next_carries, state.carries)
   return state.replace(first=first, caches=caches, carries=carries, next_carries=carries)
 

@@ -30,7 +30,11 @@ the full vocabulary, no feature regression): step ``k`` is the module run on its
 output, as drafting chains it. DeepSeek-V3 trains its modules jointly with the model on hard
 labels (its ``lambda`` weighted MTP loss); here the target is frozen and its soft labels teach
 the module, as for EAGLE-3. The output head is the target's, frozen (the module's own
-``lm_head``, when it has one, is trained).
+``lm_head``, when it has one, is trained). An ``MTPStack`` of ``D`` modules trains DeepSeek's
+way: its ``D`` modules are the steps (``ttt_steps`` = D), module ``k`` at ``t`` reading module
+``k - 1``'s output at ``t`` and the true token ``t + k``, a plain causal pass each
+(``eagle_forward.stack_forward``), its CE against the target's law of token ``t + k + 1``
+weighted ``ttt_decay ** (k - 1)``.
 
 Both: AdamW (``optim.make_optimizer``: b2 0.95, clipping 0.5 and no weight decay as in the
 repository), warmup then cosine decay to a fixed step count, so every machine trains the same head;
