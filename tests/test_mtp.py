@@ -423,6 +423,25 @@ class StackErrorsTest(absltest.TestCase):
       sj.generate(target, [[1, 2]], sj.MTP(other), max_new_tokens=2)
 
 
+class StackRunnerTest(absltest.TestCase):
+
+  def test_runner_builds_and_times_a_stack(self):
+    """experiments' ``head_method`` makes ``sj.MTP`` of a stack (a tree: its ConfigError), and
+    the cost table times a stack's chain step (one module's pass)."""
+    from experiments import methods
+    from specjax import costs
+    target = random_transformer(TF_CONFIG, 0)
+    stack = init_mtp(TF_CONFIG, 0, num_modules=2)
+    method = methods.head_method({"gamma": 2, "tree": None}, stack)
+    self.assertIsInstance(method, sj.MTP)
+    self.assertEqual(method.gamma, 2)
+    with self.assertRaisesRegex(methods.ConfigError, r"not a tree"):
+      methods.head_method({"gamma": None, "tree": "dynamic:2x2x3"}, stack)
+    table, _ = costs.measure({"target": target}, 1, 4, 16, heads={"mtp": stack},
+                             steps_per_call=2, min_seconds=0.01, max_iters=2)
+    self.assertGreater(table.head_step["mtp"], 0.0)
+
+
 def stack_reference(target, stack, text, pending_at: int, drafts) -> np.ndarray:
   """float32[gamma, V] the drafts' logits recomputed from scratch: every module over the whole
   prefix (fresh caches), module k at entry t reading module k-1's output at t and token t + k of
