@@ -27,7 +27,7 @@ optional ``shared_head.head.weight`` [V, E] (absent: the target's LM head) and
 ``embed_tokens.weight`` (checked equal to the target's embedding, like EAGLE's), and the Llama
 decoder layer's ``self_attn.*``, ``mlp.*``, ``input_layernorm`` and ``post_attention_layernorm``.
 config.json is the target's Llama config plus ``num_nextn_predict_layers = D``; with ``D > 1``
-the modules are layers ``N .. N + D - 1`` (each with the same tensors) and load as an
+the modules are layers ``N .. N + D - 1`` (each with the tensors above) and load as an
 ``MTPStack``, DeepSeek-V3's sequential modules: module ``k`` at ``t`` reads module ``k - 1``'s
 ``h_out`` at ``t`` and the embedding of token ``t + k`` (``sj.MTP(stack, gamma <= D)`` drafts
 token ``k`` with module ``k``, ``specjax.proposers.mtp``). The modules' tensors are read out
