@@ -244,7 +244,7 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
                 checkpoint_dir: str | os.PathLike | None = None,
                 cache_dir: str | os.PathLike | None = None, name: str = "eagle", **hparams):
   """Trains ``head`` (``EagleHead``: EAGLE-1's loss; ``Eagle3Head`` or ``MTPHead``: CE-only
-  training-time test) on the
+  training-time test; ``MTPStack``: DeepSeek's D-depth loss, its modules the steps) on the
   rows ``tokens`` int[N, L] with answer ``mask`` bool[N, L] (``eagle_rows``; None: every token)
   for ``target``; returns (trained head, report).
 
