@@ -58,6 +58,8 @@ def base_config():
                                # module), "medusa" or "hydra" (these two: train =
                                # medusa_defaults)
       num_layers=1,            # EAGLE-1/2: decoder layers of the head; Medusa: blocks per head
+      mtp_modules=1,           # MTP: DeepSeek's sequential modules (> 1: an MTPStack, its D
+                               # modules trained as the D steps of its loss)
       medusa_heads=4,          # Medusa / Hydra: heads (head k guesses the token k + 2 ahead)
       own_lm_head=False,       # Medusa: a projection per head (the released layout) or the
                                # target's LM head, shared (no [E, V] per head to train)
@@ -179,7 +181,8 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
                             bool(e.init_from_target))
   else:
     head = init_eagle_head(target, kind, ids, key=int(e.train.seed),
-                           num_layers=int(e.num_layers), from_target=bool(e.init_from_target))
+                           num_layers=int(e.num_layers), from_target=bool(e.init_from_target),
+                           num_modules=int(e.mtp_modules))
   with tempfile.TemporaryDirectory() as scratch:  # a layout save_head refuses fails now, not
     sj.save_head(head, scratch)                   # after minutes of training
   n_text, n_answers = data["text_rows"], len(tokens) - n_eval - data["text_rows"]

@@ -130,10 +130,10 @@ def head_method(s: dict, head):
   import specjax as sj
   from specjax.heads.hydra import HydraHead
   from specjax.heads.medusa import MedusaHead
-  from specjax.heads.mtp import MTPHead
+  from specjax.heads.mtp import MTPHead, MTPStack
   method = (sj.Medusa if isinstance(head, MedusaHead) else
             sj.Hydra if isinstance(head, HydraHead) else
-            sj.MTP if isinstance(head, MTPHead) else sj.Eagle)
+            sj.MTP if isinstance(head, (MTPHead, MTPStack)) else sj.Eagle)
   try:
     lossy = {"verify": "typical"} if s.get("verify") == "typical" else {}
     if s["gamma"] is not None:

@@ -32,6 +32,7 @@ from flax import nnx
 from specjax import metrics
 from specjax.heads.hydra import HydraHead
 from specjax.heads.medusa import MedusaHead
+from specjax.heads.mtp import MTPStack
 from specjax.models.kv_cache import init_cache
 from specjax.proposers import draft_chain
 from specjax.proposers import eagle as eagle_lib
@@ -351,7 +352,9 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
   and its draft logits, ``_head_steps_fn``) is timed too: ``head_step_ms[name]`` and its ratio
   to a target step, ``head_cost_ratio[name]`` (the c of an EAGLE chain); for Medusa heads, one
   pass of all of them (``_medusa_steps_fn``: what an iteration's drafting costs); for Hydra
-  heads, one head's pass (``_hydra_steps_fn``: a depth of its tree)."""
+  heads, one head's pass (``_hydra_steps_fn``: a depth of its tree); for a stack of MTP modules
+  (``MTPStack``), its first module's pass (each module of the stack drafts one token of a chain
+  with a pass of that shape)."""
   unknown = sorted(set(models) - {"target", "draft"})
   if "target" not in models or unknown:
     raise ValueError(f"models {sorted(models)} must be 'target' and optionally 'draft'")
@@ -401,6 +404,8 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
       jobs[f"iteration_g{g}"] = iteration_job(g, target_split, draft_split)
 
   def head_job(head):
+    if isinstance(head, MTPStack):  # D modules of one shape: a chain step is one module's pass
+      head = head.modules[0]
     target = sj_models["target"]
     graphs, states = zip(nnx.split(head), nnx.split(target))
     state = jnp.zeros((batch, target.config.hidden_size), jnp.dtype(target.config.dtype))

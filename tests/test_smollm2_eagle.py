@@ -109,6 +109,19 @@ class PipelineTest(TeacherDirTest):
     for key in ("load", "answers", "features", "train", "total"):
       self.assertGreaterEqual(report["seconds"][key], 0.0)
 
+  def test_mtp_stack_phase(self):
+    """``mtp_modules = 2``: the phase trains an ``MTPStack`` (its two modules the two steps of
+    DeepSeek's loss), measures a gamma-2 chain and saves a layout ``sj.load_head`` reads back."""
+    from specjax.heads.mtp import MTPStack
+    c = self.config("mtp")
+    c.eagle.mtp_modules = 2
+    report = train.run(c, self.tmp / "mtp_stack")
+    self.assertEqual((report["kind"], report["train"]["config"]["ttt_steps"]), ("mtp", 2))
+    self.assertLen(report["acceptance"]["code"]["per_position"], 2)
+    stack = sj.load_head(self.tmp / "mtp_stack" / "head")
+    self.assertIsInstance(stack, MTPStack)
+    self.assertEqual(stack.num_modules, 2)
+
   def test_unknown_eval_set_and_kind(self):
     c = self.config("eagle")
     c.eagle.eval_prompts = "poems"

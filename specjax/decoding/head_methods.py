@@ -14,11 +14,12 @@ from specjax.heads.eagle3 import Eagle3Head
 from specjax.heads.layout import check_head
 from specjax.heads.hydra import HydraHead
 from specjax.heads.medusa import MedusaHead, check_medusa
-from specjax.heads.mtp import MTPHead
+from specjax.heads.mtp import MTPHead, MTPStack
 from specjax.models.transformer import Transformer
 from specjax.proposers.eagle import EagleChain, EagleDynamicTree, EagleTree
 from specjax.proposers.hydra import HydraTree
 from specjax.proposers.medusa import MedusaChain, MedusaTree
+from specjax.proposers.mtp import MTPStackChain
 from specjax.trees import DynamicTree, Tree
 from specjax.verify.typical import Typical
 
@@ -97,22 +98,59 @@ class Eagle:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MTP(Eagle):
-  """DeepSeek-V3's multi-token prediction (DeepSeek-AI 2024, arXiv 2412.19437 §2.2) as a drafter:
-  ``sj.MTP(module, gamma=...)`` chains one MTP module (``specjax.heads.mtp.MTPHead``, e.g. from
-  ``sj.load_head`` of a checkpoint with ``num_nextn_predict_layers``) ``gamma`` times on its own
-  output, as vLLM does with one module; its first step reads the target's final-norm state.
+  """DeepSeek-V3's multi-token prediction (DeepSeek-AI 2024, arXiv 2412.19437 §2.2) as a drafter.
 
+  ``sj.MTP(module, gamma=...)`` chains one MTP module (``specjax.heads.mtp.MTPHead``, e.g. from
+  ``sj.load_head`` of a checkpoint with ``num_nextn_predict_layers: 1``) ``gamma`` times on its
+  own output, as vLLM does with one module; its first step reads the target's final-norm state.
   The module is an EAGLE-1 head with input norms and its own final norm, so everything else is
   ``Eagle``'s: ``gamma`` (default 4) or a static ``tree`` / ``sj.DynamicTree`` with ``children``,
-  the same proposers, verifiers and exactness. The target must be an ``sj.Transformer`` with the
-  module's hidden size and vocabulary and ``layer_index`` layers.
+  the same proposers, verifiers and exactness.
+
+  ``sj.MTP(stack, gamma=...)`` with an ``MTPStack`` of ``D`` modules (``num_nextn_predict_layers:
+  D``) drafts DeepSeek's way: draft ``k`` from module ``k`` (``specjax.proposers.mtp``), so
+  ``gamma <= D`` (default D), chains only.
+  The target must be an ``sj.Transformer`` with the modules' hidden size and vocabulary and
+  ``N`` layers (module ``k`` is checkpoint layer ``N + k - 1``).
   """
 
-  head: MTPHead
+  head: MTPHead | MTPStack
   name = "mtp"
 
-  HEADS = (MTPHead,)
-  WHAT = "an MTP module (sj.load_head of a checkpoint with num_nextn_predict_layers)"
+  HEADS = (MTPHead, MTPStack)
+  WHAT = "an MTP module or stack (sj.load_head of a checkpoint with num_nextn_predict_layers)"
+
+  def __post_init__(self):
+    if not isinstance(self.head, MTPStack):
+      super().__post_init__()
+      return
+    d = self.head.num_modules
+    if self.tree is not None:
+      raise ValueError(f"a stack of {d} MTP modules drafts a chain (gamma <= {d}), not a tree; "
+                       f"trees chain one module on itself: sj.MTP(stack.modules[0], tree=...)")
+    gamma = d if self.gamma is None else self.gamma
+    check_count(gamma, "gamma", "drafts per iteration")
+    if gamma > d:
+      raise ValueError(f"gamma {gamma} exceeds the stack's {d} MTP modules (module k drafts the "
+                       f"k-th token)")
+    object.__setattr__(self, "gamma", gamma)
+
+  def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
+    if not isinstance(self.head, MTPStack):
+      super().validate(target, width, max_new_tokens, what)
+      return
+    if not isinstance(target, Transformer):
+      raise ValueError(f"MTP drafts on an sj.Transformer target's features, got "
+                       f"{type(target).__name__}")
+    for module in self.head.modules:
+      check_head(module, target)
+    check_guesses(self.gamma, "gamma", target)
+
+  def proposer(self, target: Transformer):
+    if not isinstance(self.head, MTPStack):
+      return super().proposer(target)
+    graphs, params = head_graphs(self.head, target)
+    return MTPStackChain(**graphs, gamma=self.gamma), params
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

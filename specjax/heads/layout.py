@@ -54,7 +54,7 @@ from specjax.heads.eagle import EagleHead
 from specjax.heads.eagle3 import Eagle3Head
 from specjax.heads.hydra import HYDRA_FILE, HydraHead, hydra_files, is_hydra_config, load_hydra
 from specjax.heads.medusa import MEDUSA_FILE, MedusaHead, is_medusa_config, load_medusa, medusa_files
-from specjax.heads.mtp import MTPHead, is_mtp_config, load_mtp, mtp_files
+from specjax.heads.mtp import MTPHead, MTPStack, is_mtp_config, load_mtp, mtp_files
 from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
 from specjax.models.hf_layout import (COPY, TRANSPOSE, Entry, _iter_hf_tensors, _SafetensorsReader,
                                       fill_from_hf, linear, llama_layer, read_pickled)
@@ -106,7 +106,8 @@ def _read_tensors(path: str, safetensors_name: str = SAFETENSORS_NAME,
 
 def load_head(path: str | os.PathLike, dtype: str | None = None
               ) -> EagleHead | Eagle3Head | MedusaHead:
-  """The EAGLE-1/2, EAGLE-3, Medusa or Hydra head(s) or the MTP module in directory ``path``
+  """The EAGLE-1/2, EAGLE-3, Medusa or Hydra head(s) or the MTP module(s) (``MTPStack`` when
+  ``num_nextn_predict_layers > 1``) in directory ``path``
   (the published layouts above; Medusa's, Hydra's and MTP's: ``specjax.heads.medusa`` /
   ``hydra`` / ``mtp``), told apart by config.json (``num_nextn_predict_layers``: MTP) and the
   tensors."""
@@ -244,8 +245,9 @@ def save_head(head: EagleHead | Eagle3Head | MedusaHead, path: str | os.PathLike
   ``embed_tokens.weight`` from ``target`` when given, else the head's own if it has one (the
   repository's strict EAGLE-1 load wants it)."""
   path = os.fspath(path)
-  if isinstance(head, MTPHead):
-    embed = target.embed if target is not None else head.embed
+  if isinstance(head, (MTPHead, MTPStack)):
+    own = head.modules[0] if isinstance(head, MTPStack) else head
+    embed = target.embed if target is not None else own.embed
     _write_head(path, *mtp_files(head, None if embed is None else embed.get_value()),
                 SAFETENSORS_NAME)
     return

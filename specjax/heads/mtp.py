@@ -26,11 +26,14 @@ an extra decoder layer ``N = num_hidden_layers`` of the model checkpoint: ``mode
 optional ``shared_head.head.weight`` [V, E] (absent: the target's LM head) and
 ``embed_tokens.weight`` (checked equal to the target's embedding, like EAGLE's), and the Llama
 decoder layer's ``self_attn.*``, ``mlp.*``, ``input_layernorm`` and ``post_attention_layernorm``.
-config.json is the target's Llama config plus ``num_nextn_predict_layers`` (1 supported); the
-module's tensors are read out of ``model.safetensors`` (or the shards its index names; else
-``pytorch_model.bin`` or its shards, through ``torch.load(weights_only=True)`` when torch is
-installed: each pickled shard loads whole) and the
-main model's tensors beside them are ignored.
+config.json is the target's Llama config plus ``num_nextn_predict_layers = D``; with ``D > 1``
+the modules are layers ``N .. N + D - 1`` (each with the tensors above) and load as an
+``MTPStack``, DeepSeek-V3's sequential modules: module ``k`` at ``t`` reads module ``k - 1``'s
+``h_out`` at ``t`` and the embedding of token ``t + k`` (``sj.MTP(stack, gamma <= D)`` drafts
+token ``k`` with module ``k``, ``specjax.proposers.mtp``). The modules' tensors are read out
+of ``model.safetensors`` (or the shards its index names; else ``pytorch_model.bin`` or its
+shards, through ``torch.load(weights_only=True)`` when torch is installed: each pickled shard
+loads whole) and the main model's tensors beside them are ignored.
 
 Scope: the block is a dense Llama-family decoder layer; DeepSeek's own MLA attention and MoE MLP
 are not implemented (a DeepSeek-V3 checkpoint does not load). vLLM zeroes the embedding at
@@ -57,18 +60,19 @@ from specjax.models.transformer import NORMED, Norm, _param
 
 class MTPHead(EagleHead):
   """``config``: the module's (the target's sizes, ``num_layers=1``, Llama family);
-  ``layer_index``: its index in the published checkpoint, the target's ``num_hidden_layers``;
-  ``own_head``: whether it has its own ``[E, V]`` output matrix (else the target's LM head)."""
+  ``layer_index``: its index in the published checkpoint, ``N + depth - 1`` (N: the target's
+  ``num_hidden_layers``); ``own_head``: whether it has its own ``[E, V]`` output matrix (else the
+  target's LM head); ``depth``: k, its place in a stack of modules (``MTPStack``; 1 alone)."""
 
   FIRST_INPUT_NORM = True  # the block keeps its input norm: DeepSeek's mtp_block is a full layer
 
   def __init__(self, config: ModelConfig, rngs: nnx.Rngs, layer_index: int,
-               own_head: bool = False):
+               own_head: bool = False, depth: int = 1):
     if config.num_layers != 1:
       raise ValueError(f"an MTP module has one decoder block, got num_layers={config.num_layers}")
-    if isinstance(layer_index, bool) or not isinstance(layer_index, int) or layer_index < 1:
-      raise ValueError(f"layer_index (the target's layer count) must be an integer >= 1, got "
-                       f"{layer_index!r}")
+    for name, value, least in (("depth", depth, 1), ("layer_index", layer_index, depth)):
+      if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
     super().__init__(config, rngs, fc_bias=False)
     dtype = jnp.dtype(config.dtype)
     self.enorm = Norm(config, dtype)
@@ -77,6 +81,7 @@ class MTPHead(EagleHead):
     self.lm_head = nnx.data(None if not own_head else _param(
         rngs, (config.hidden_size, config.vocab_size), ("embed", "vocab"), dtype))
     self.layer_index = layer_index
+    self.depth = depth  # k: module k predicts the token k + 1 positions ahead
 
   def fc_input(self, embeds: jax.Array, features: jax.Array) -> jax.Array:
     """``cat(enorm(embedding), hnorm(hidden))``, what ``eh_proj`` (our ``fc``) mixes."""
@@ -84,10 +89,10 @@ class MTPHead(EagleHead):
 
   def target_features(self, target_config: ModelConfig) -> tuple[str, ...]:
     """The target's final-norm state; the module must sit after the target's last layer."""
-    if target_config.num_layers != self.layer_index:
-      raise ValueError(f"the MTP module is layer {self.layer_index} of a "
-                       f"{self.layer_index}-layer model, the target has "
-                       f"{target_config.num_layers} layers")
+    layers = self.layer_index - self.depth + 1  # N: module k is layer N + k - 1
+    if target_config.num_layers != layers:
+      raise ValueError(f"the MTP module is layer {self.layer_index} of a {layers}-layer model, "
+                       f"the target has {target_config.num_layers} layers")
     return (NORMED,)
 
   def output_matrix(self, target_head: jax.Array | None) -> jax.Array:
@@ -102,22 +107,67 @@ class MTPHead(EagleHead):
     return jnp.dot(normed, self.lm_head[...], preferred_element_type=jnp.float32)
 
 
+class MTPStack(nnx.Module):
+  """DeepSeek-V3's sequential stack of ``D >= 2`` MTP modules (arXiv 2412.19437 §2.2): module
+  ``k`` (``modules[k - 1]``, ``depth`` k, checkpoint layer ``N + k - 1``) at position ``i`` reads
+  module ``k - 1``'s output at ``i`` (the target's final-norm state for k = 1) and the embedding of
+  token ``i + k``, and predicts token ``i + k + 1``; each has its own weights and KV cache, all
+  share the target's embedding (and its LM head unless they carry ``shared_head.head``).
+  ``sj.MTP(stack, gamma <= D)`` drafts a chain with modules ``1..gamma``
+  (``specjax.proposers.mtp``)."""
+
+  def __init__(self, modules):
+    modules = list(modules)
+    if len(modules) < 2:
+      raise ValueError(f"an MTP stack has at least 2 modules (one module drafts alone as an "
+                       f"MTPHead), got {len(modules)}")
+    first = modules[0]
+    for k, module in enumerate(modules, 1):
+      if not isinstance(module, MTPHead):
+        raise ValueError(f"module {k} of the stack must be an MTPHead, got "
+                         f"{type(module).__name__}")
+      if (module.depth, module.layer_index) != (k, first.layer_index + k - 1):
+        raise ValueError(f"module {k} of the stack must have depth {k} and layer_index "
+                         f"{first.layer_index + k - 1}, got depth {module.depth} and layer_index "
+                         f"{module.layer_index}")
+      if module.config != first.config:
+        raise ValueError(f"module {k} of the stack has another config than module 1")
+    self.modules = nnx.List(modules)
+
+  @property
+  def config(self) -> ModelConfig:
+    return self.modules[0].config
+
+  @property
+  def num_modules(self) -> int:
+    return len(self.modules)
+
+  def target_features(self, target_config: ModelConfig) -> tuple[str, ...]:
+    """The target's final-norm state (module 1's input); every module must fit the target."""
+    for module in self.modules:
+      module.target_features(target_config)
+    return (NORMED,)
+
+
 def init_mtp(target_config: ModelConfig, key: jax.Array | int = 0,
-             own_head: bool = False) -> MTPHead:
+             own_head: bool = False, num_modules: int = 1) -> MTPHead | MTPStack:
   """An untrained MTP module (normal std 0.02 weights, norms at 1) for a target of
-  ``target_config`` (its layer count is the module's ``layer_index``)."""
-  return MTPHead(head_config(target_config, 1), nnx.Rngs(params=key), target_config.num_layers,
-                 own_head)
+  ``target_config`` (its layer count is the module's ``layer_index``), or a stack of
+  ``num_modules`` of them (``MTPStack``, independent weights) when ``num_modules > 1``."""
+  n = target_config.num_layers
+  if num_modules == 1:
+    return MTPHead(head_config(target_config, 1), nnx.Rngs(params=key), n, own_head)
+  keys = jax.random.split(jax.random.key(key) if isinstance(key, int) else key, num_modules)
+  return MTPStack([MTPHead(head_config(target_config, 1), nnx.Rngs(params=keys[k]), n + k,
+                           own_head, depth=k + 1) for k in range(num_modules)])
 
 
-def _check_count(hf: dict, source: str) -> None:
-  """Checks config.json's ``num_nextn_predict_layers`` (one module supported)."""
+def _check_count(hf: dict, source: str) -> int:
+  """config.json's ``num_nextn_predict_layers``: the number of MTP modules (an integer >= 1)."""
   n = hf.get("num_nextn_predict_layers")
   if isinstance(n, bool) or not isinstance(n, int) or n < 1:
     raise ValueError(f"{source}: num_nextn_predict_layers must be an integer >= 1, got {n!r}")
-  if n > 1:
-    raise ValueError(f"{source}: num_nextn_predict_layers={n}: several MTP modules (one per "
-                     f"depth) are not supported yet, only 1")
+  return n
 
 
 def is_mtp_config(hf: dict) -> bool:
@@ -155,9 +205,10 @@ def _shards(path: str, file_name: str) -> list[str] | None:
     return [os.path.join(path, name) for name in sorted(set(json.load(f)["weight_map"].values()))]
 
 
-def _module_tensors(path: str, safetensors_name: str, prefix: str) -> dict:
-  """The tensors named ``prefix*`` in checkpoint ``path``: from ``safetensors_name`` (or its
-  index's shards), else from ``pytorch_model.bin`` (or its shards) through ``torch.load``."""
+def _module_tensors(path: str, safetensors_name: str, prefix: str | tuple[str, ...]) -> dict:
+  """The tensors named ``prefix*`` (or any of a tuple of prefixes) in checkpoint ``path``: from
+  ``safetensors_name`` (or its index's shards), else from ``pytorch_model.bin`` (or its shards)
+  through ``torch.load``."""
   files = _shards(path, safetensors_name)
   if files is not None:
     with _SafetensorsReader(files) as reader:
@@ -172,43 +223,57 @@ def _module_tensors(path: str, safetensors_name: str, prefix: str) -> dict:
   return tensors
 
 
-def load_mtp(hf: dict, path: str, safetensors_name: str, dtype: str | None = None) -> MTPHead:
-  """The MTP module of the checkpoint in directory ``path`` (config.json's dict ``hf``)."""
-  _check_count(hf, path)
+def load_mtp(hf: dict, path: str, safetensors_name: str, dtype: str | None = None
+             ) -> MTPHead | MTPStack:
+  """The MTP module(s) of the checkpoint in directory ``path`` (config.json's dict ``hf``): one
+  ``MTPHead``, or an ``MTPStack`` when ``num_nextn_predict_layers = D > 1`` (layers N..N+D-1)."""
+  count = _check_count(hf, path)
   config = from_hf_dict({"model_type": "llama", **hf}, dtype=dtype)
   if not config.is_llama_family:
     raise ValueError(f"{path}: model_type {config.model_type!r}: MTP modules here are dense "
                      f"Llama-family layers")
   n = config.num_layers
-  prefix = f"model.layers.{n}."
-  tensors = _module_tensors(path, safetensors_name, prefix)
-  if not tensors:
-    raise ValueError(f"{path}: no tensor named {prefix}*: the MTP module is layer {n} "
-                     f"(num_hidden_layers)")
-  embed = tensors.pop(prefix + _EMBED, None)
-  own_head = prefix + _OWN_HEAD in tensors
+  prefixes = [f"model.layers.{n + k}." for k in range(count)]
+  found = _module_tensors(path, safetensors_name, tuple(prefixes))
   head_cfg = head_config(config, 1)
   dtype_ = jnp.dtype(head_cfg.dtype)
-  what = f"an MTP module at layer {n}"
-  head = fill_from_hf(lambda: MTPHead(head_cfg, nnx.Rngs(0), n, own_head),
-                      mtp_layout(head_cfg, n, own_head), tensors, {t: t for t in tensors}, path,
-                      dtype_, missing_note=f"of {what}", unexpected_note=f"not in {what}",
-                      derived={("inv_freq",): jnp.asarray(rope_inverse_frequencies(head_cfg))})
-  if embed is not None:
-    if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
-      raise ValueError(f"{path}: {prefix}{_EMBED} has shape {tuple(embed.shape)}, expected "
-                       f"{(config.vocab_size, config.hidden_size)}")
-    head.embed = nnx.Param(jnp.asarray(embed).astype(dtype_))
-  return head
+  modules = []
+  for k, prefix in enumerate(prefixes, 1):
+    tensors = {name: t for name, t in found.items() if name.startswith(prefix)}
+    if not tensors:
+      raise ValueError(f"{path}: no tensor named {prefix}*: MTP module {k} of {count} "
+                       f"(num_nextn_predict_layers) is layer {n + k - 1} (num_hidden_layers + "
+                       f"{k - 1})")
+    embed = tensors.pop(prefix + _EMBED, None)
+    own_head = prefix + _OWN_HEAD in tensors
+    what = f"an MTP module at layer {n + k - 1}"
+    head = fill_from_hf(lambda: MTPHead(head_cfg, nnx.Rngs(0), n + k - 1, own_head, depth=k),
+                        mtp_layout(head_cfg, n + k - 1, own_head), tensors,
+                        {t: t for t in tensors}, path, dtype_, missing_note=f"of {what}",
+                        unexpected_note=f"not in {what}",
+                        derived={("inv_freq",): jnp.asarray(rope_inverse_frequencies(head_cfg))})
+    if embed is not None:
+      if tuple(embed.shape) != (config.vocab_size, config.hidden_size):
+        raise ValueError(f"{path}: {prefix}{_EMBED} has shape {tuple(embed.shape)}, expected "
+                         f"{(config.vocab_size, config.hidden_size)}")
+      head.embed = nnx.Param(jnp.asarray(embed).astype(dtype_))
+    modules.append(head)
+  return modules[0] if count == 1 else MTPStack(modules)
 
 
-def mtp_files(head: MTPHead, embed=None) -> tuple[dict, dict]:
-  """(config.json's dict, the tensors by name) of ``head`` in the published layout; ``embed``
-  [V, E] (the target's) is written as the module's ``embed_tokens.weight`` when given."""
-  n = head.layer_index
-  hf = dict(to_hf_dict(dataclasses.replace(head.config, num_layers=n)),
-            num_nextn_predict_layers=1)
-  tensors = dict(_iter_hf_tensors(head, mtp_layout(head.config, n, head.lm_head is not None)))
-  if embed is not None:
-    tensors[f"model.layers.{n}.{_EMBED}"] = np.asarray(embed)
+def mtp_files(head: MTPHead | MTPStack, embed=None) -> tuple[dict, dict]:
+  """(config.json's dict, the tensors by name) of ``head`` (a module or a stack) in the published
+  layout; ``embed`` [V, E] (the target's) is written as every module's ``embed_tokens.weight``
+  when given."""
+  modules = list(head.modules) if isinstance(head, MTPStack) else [head]
+  n = modules[0].layer_index - modules[0].depth + 1
+  hf = dict(to_hf_dict(dataclasses.replace(modules[0].config, num_layers=n)),
+            num_nextn_predict_layers=len(modules))
+  tensors = {}
+  for module in modules:
+    index = module.layer_index
+    tensors.update(_iter_hf_tensors(module, mtp_layout(module.config, index,
+                                                       module.lm_head is not None)))
+    if embed is not None:
+      tensors[f"model.layers.{index}.{_EMBED}"] = np.asarray(embed)
   return hf, tensors

@@ -20,6 +20,7 @@ argmax (q = None).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -56,6 +57,12 @@ class Models:
     self.head = nnx.merge(head_graphdef, head_state)
     self.target = nnx.merge(target_graphdef, target_state)
 
+  def with_head(self, head) -> "Models":
+    """The same target with another head (one module of an ``MTPStack``)."""
+    view = copy.copy(self)
+    view.head = head
+    return view
+
   def embed(self, tokens: jax.Array) -> jax.Array:
     return jnp.take(self.target.embed[...], tokens, axis=0)
 
@@ -73,24 +80,40 @@ def prefill(models: Models, prompt: jax.Array, prompt_lengths: jax.Array, cache_
   """The prompt's pairs ``(x_{t+1}, f_t)`` into the head's cache (``t < length - 1``); the
   pending token's pair waits with ``f_{length - 1}``. features: [B, P, F, E] (the head's
   ``target_features``); waiting pairs keep them raw, ``from_target`` runs when they are fed."""
+  return prefill_outputs(models, prompt, prompt_lengths, cache_length, features, depth)[0]
+
+
+def prefill_outputs(models: Models, prompt: jax.Array, prompt_lengths: jax.Array,
+                    cache_length: int, features: jax.Array, depth: int):
+  """``prefill``'s state and the head's outputs over the prompt's pairs ([B, P - 1, E], entry
+  ``t`` at column ``t``; None for a one-token width)."""
   batch, width = prompt.shape
   cache = init_cache(models.head.config, batch, cache_length)
+  hidden = None
   if width > 1:
-    _, cache = models.step(prompt[:, 1:], models.head.from_target(features[:, :-1]), cache)
+    hidden, cache = models.step(prompt[:, 1:], models.head.from_target(features[:, :-1]), cache)
   last = features[jnp.arange(batch), prompt_lengths - 1]  # [B, F, E]
   waiting = jnp.zeros((batch, depth + 1) + last.shape[1:], features.dtype).at[:, 0].set(last)
-  return EagleState(cache=cache.with_lengths(prompt_lengths - 1),
-                    tokens=jnp.zeros((batch, depth + 1), jnp.int32), features=waiting,
-                    count=jnp.ones((batch,), jnp.int32))
+  state = EagleState(cache=cache.with_lengths(prompt_lengths - 1),
+                     tokens=jnp.zeros((batch, depth + 1), jnp.int32), features=waiting,
+                     count=jnp.ones((batch,), jnp.int32))
+  return state, hidden
 
 
 def catch_up(models: Models, state: EagleState, pending: jax.Array):
   """Feeds the waiting pairs (the pending token's last): returns (the head's guess of the
   feature after ``pending`` [B, E], its cache with the waiting pairs committed)."""
-  rows = jnp.arange(pending.shape[0])
-  tokens = state.tokens.at[rows, state.count - 1].set(pending)
+  _, hidden, cache = waiting_pass(models, state, pending)
+  return hidden[jnp.arange(pending.shape[0]), state.count - 1], cache
+
+
+def waiting_pass(models: Models, state: EagleState, pending: jax.Array):
+  """``catch_up``'s pass: (its tokens int32[B, D + 1] (the waiting ones, ``pending`` last, then
+  pads), the head's outputs over them [B, D + 1, E], its cache with the waiting pairs
+  committed)."""
+  tokens = state.tokens.at[jnp.arange(pending.shape[0]), state.count - 1].set(pending)
   hidden, cache = models.step(tokens, models.head.from_target(state.features), state.cache)
-  return hidden[rows, state.count - 1], cache.with_lengths(cache.lengths + state.count)
+  return tokens, hidden, cache.with_lengths(cache.lengths + state.count)
 
 
 def commit(state: EagleState, drafts: jax.Array, outcome: Outcome) -> EagleState:

@@ -30,7 +30,11 @@ the full vocabulary, no feature regression): step ``k`` is the module run on its
 output, as drafting chains it. DeepSeek-V3 trains its modules jointly with the model on hard
 labels (its ``lambda`` weighted MTP loss); here the target is frozen and its soft labels teach
 the module, as for EAGLE-3. The output head is the target's, frozen (the module's own
-``lm_head``, when it has one, is trained).
+``lm_head``, when it has one, is trained). An ``MTPStack`` of ``D`` modules trains DeepSeek's
+way: its ``D`` modules are the steps (``ttt_steps`` = D), module ``k`` at ``t`` reading module
+``k - 1``'s output at ``t`` and the true token ``t + k``, a plain causal pass each
+(``eagle_forward.stack_forward``), its CE against the target's law of token ``t + k + 1``
+weighted ``ttt_decay ** (k - 1)``.
 
 Both: AdamW (``optim.make_optimizer``: b2 0.95, clipping 0.5 and no weight decay as in the
 repository), warmup then cosine decay to a fixed step count, so every machine trains the same head;
@@ -58,12 +62,12 @@ from flax import nnx
 
 from specjax.heads.eagle import init_head
 from specjax.heads.eagle3 import Eagle3Head, init_head3
-from specjax.heads.mtp import MTPHead, init_mtp
+from specjax.heads.mtp import MTPHead, MTPStack, init_mtp
 from specjax.training.eagle_data import (answer_rows, draft_vocabulary, eagle_rows,  # noqa: F401
                                          extract_features, feature_layers_of)
 from specjax.training.eagle_eval import eagle_acceptance, ttt_agreement
 from specjax.training.eagle_forward import (Spec, head_logits, smooth_l1, soft_cross_entropy,
-                                            step_inputs, step_mask, ttt_forward)
+                                            step_head, step_inputs, step_mask, ttt_forward)
 from specjax.training.forward import mm, split
 from specjax.training.head_loop import log_times, loop_defaults, row_weights, train_head_steps
 from specjax.training.optim import make_optimizer
@@ -86,10 +90,11 @@ def eagle_defaults(**overrides):
 
 
 def init_eagle_head(target, kind: str = "eagle3", draft_ids=None, key: int = 0,
-                    num_layers: int = 1, from_target: bool = True):
+                    num_layers: int = 1, from_target: bool = True, num_modules: int = 1):
   """An untrained float32 head for ``target``: ``"eagle"`` (EAGLE-1/2, ``num_layers`` layers),
   ``"eagle3"`` (``draft_ids``: its draft vocabulary, ``draft_vocabulary``; None: all) or
-  ``"mtp"`` (a DeepSeek-V3 MTP module on the target's LM head, ``specjax.heads.mtp``).
+  ``"mtp"`` (a DeepSeek-V3 MTP module on the target's LM head, ``specjax.heads.mtp``; an
+  ``MTPStack`` of ``num_modules`` when > 1).
 
   ``from_target``: the head starts as a pass-through of the target's top feature, its
   attention and MLP outputs (``o``, ``down``) zero and ``fc`` an identity on that feature (EAGLE-1:
@@ -107,7 +112,9 @@ def init_eagle_head(target, kind: str = "eagle3", draft_ids=None, key: int = 0,
   undoes ``g`` (to ``x / rms(x)`` times a constant: the pre-norm residual direction, the geometry
   the target's blocks work in) and ``shared_head.norm`` redoes the target's final norm, so the
   module's first guess is exactly the target's law at t (the temperature too, which ones in both
-  norms would not keep). A channel with ``|g| < 1e-6`` gets ``hnorm`` 0. ``enorm`` stays at 1."""
+  norms would not keep). A channel with ``|g| < 1e-6`` gets ``hnorm`` 0. ``enorm`` stays at 1.
+  A stack's later modules read a module's output (already the normalised residual direction):
+  their ``hnorm`` stays at 1, so each starts as the target's law at t too."""
   config = dataclasses.replace(target.config, dtype="float32")
   if kind == "eagle":
     head = init_head(config, key, num_layers)
@@ -116,8 +123,9 @@ def init_eagle_head(target, kind: str = "eagle3", draft_ids=None, key: int = 0,
     head = init_head3(config, key, draft_ids)
     layers = [head.midlayer]
   elif kind == "mtp":
-    head = init_mtp(config, key)
-    layers = list(head.layers)
+    head = init_mtp(config, key, num_modules=num_modules)
+    modules = list(head.modules) if isinstance(head, MTPStack) else [head]
+    layers = [layer for module in modules for layer in module.layers]
   else:
     raise ValueError(f"head kind must be 'eagle', 'eagle3' or 'mtp', got {kind!r}")
   if not from_target:
@@ -126,15 +134,18 @@ def init_eagle_head(target, kind: str = "eagle3", draft_ids=None, key: int = 0,
   for layer in layers:
     for dense in (layer.attn.o, layer.mlp.down):
       dense.kernel[...] = jnp.zeros_like(dense.kernel[...])
-  head.fc.kernel[...] = jnp.zeros_like(head.fc.kernel[...]).at[-e:].set(jnp.eye(e))
+  for module in modules if kind == "mtp" else [head]:
+    module.fc.kernel[...] = jnp.zeros_like(module.fc.kernel[...]).at[-e:].set(jnp.eye(e))
   if kind == "eagle3":
     w = target.embed[...].T if target.lm_head is None else target.lm_head[...]
     head.lm_head[...] = jnp.take(w, head.draft_ids[...], axis=1).astype(jnp.float32)
     head.norm.scale[...] = target.final_norm.scale[...].astype(jnp.float32)
   if kind == "mtp":
     g = target.final_norm.scale[...].astype(jnp.float32)
-    head.hnorm.scale[...] = jnp.where(jnp.abs(g) > 1e-6, 1.0 / jnp.where(g == 0, 1.0, g), 0.0)
-    head.norm.scale[...] = g
+    modules[0].hnorm.scale[...] = jnp.where(jnp.abs(g) > 1e-6,
+                                            1.0 / jnp.where(g == 0, 1.0, g), 0.0)
+    for module in modules:
+      module.norm.scale[...] = g
   return head
 
 
@@ -149,7 +160,7 @@ def _loss(params, graphdef, rest, batch, consts, key, spec: Spec):
   for k, out in enumerate(outs):
     mask = step_mask(batch, consts, spec, k, t)
     label = labels[:, k:k + t]
-    logits = head_logits(head, consts["label_w"], out, spec.compute_dtype)
+    logits = head_logits(step_head(head, k), consts["label_w"], out, spec.compute_dtype)
     ce = soft_cross_entropy(label, logits, mask)
     hit = (jnp.argmax(logits, -1) == jnp.argmax(label, -1)).astype(jnp.float32)
     accs.append(jnp.sum(hit * mask) / jnp.maximum(jnp.sum(mask), 1.0))
@@ -233,7 +244,7 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
                 checkpoint_dir: str | os.PathLike | None = None,
                 cache_dir: str | os.PathLike | None = None, name: str = "eagle", **hparams):
   """Trains ``head`` (``EagleHead``: EAGLE-1's loss; ``Eagle3Head`` or ``MTPHead``: CE-only
-  training-time test) on the
+  training-time test; ``MTPStack``: DeepSeek's D-depth loss, its modules the steps) on the
   rows ``tokens`` int[N, L] with answer ``mask`` bool[N, L] (``eagle_rows``; None: every token)
   for ``target``; returns (trained head, report).
 
@@ -249,9 +260,12 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
   cfg = eagle_defaults(**hparams)
   tokens = np.asarray(tokens, np.int32)
   mask = np.ones(tokens.shape, bool) if mask is None else np.asarray(mask, bool)
-  kind = "eagle3" if isinstance(head, Eagle3Head) else "mtp" if isinstance(head, MTPHead) \
-      else "eagle"
+  kind = "eagle3" if isinstance(head, Eagle3Head) else "mtp" if isinstance(
+      head, (MTPHead, MTPStack)) else "eagle"
   ce_only = kind != "eagle"
+  if isinstance(head, MTPStack):  # a stack's steps are its modules (DeepSeek's D-depth MTP loss)
+    cfg.ttt_steps = head.num_modules
+    cfg.eval_steps = min(int(cfg.eval_steps), head.num_modules)
   steps, k = _check(cfg, tokens, mask, eval_rows, ce_only)
   n_train = len(tokens) - eval_rows
   p = row_weights(weights, n_train)

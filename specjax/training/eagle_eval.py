@@ -13,8 +13,8 @@ import numpy as np
 from flax import nnx
 
 from specjax.heads.eagle3 import Eagle3Head
-from specjax.training.eagle_forward import (Spec, head_logits, predicted, step_inputs,
-                                            step_mask, ttt_forward)
+from specjax.training.eagle_forward import (Spec, head_logits, predicted, step_head,
+                                            step_inputs, step_mask, ttt_forward)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5, 6))
@@ -29,7 +29,8 @@ def _agreement(graphdef, params, rest, batch, consts, spec: Spec, steps: int):
   hits, counts = [], []
   for k, out in enumerate(outs):
     mask = step_mask(batch, {}, spec, k, t)  # every answer position counts
-    draft = jnp.argmax(head_logits(head, consts["label_w"], out, spec.compute_dtype), -1)
+    draft = jnp.argmax(head_logits(step_head(head, k), consts["label_w"], out,
+                                   spec.compute_dtype), -1)
     if isinstance(head, Eagle3Head):
       draft = head.draft_ids[...][draft]
     hits.append(jnp.sum((draft == predicted(batch, steps, k, t)) * mask))
@@ -54,14 +55,19 @@ def ttt_agreement(head, graph, data: dict, consts: dict, spec: Spec, steps: int,
 
 def eagle_acceptance(target, head, prompts, gamma: int = 4, max_new_tokens: int = 64,
                      eos_token_id=None) -> dict:
-  """Greedy ``sj.Eagle(head, gamma)`` on ``prompts`` (one batch): ``per_position``, draft
+  """Greedy ``sj.Eagle(head, gamma)`` (an ``MTPStack``: ``sj.MTP(head, min(gamma, D))``) on
+  ``prompts`` (one batch): ``per_position``, draft
   position i's acceptance (``stats.accepted_per_position / proposed_per_position``: the chance
   that the first i + 1 drafts all pass), ``conditional`` (position i's given position i - 1's:
   the EAGLE papers' n-alpha), the overall acceptance rate and tokens per target call."""
-  from specjax.decoding.head_methods import Eagle
+  from specjax.decoding.head_methods import MTP, Eagle
+  from specjax.heads.mtp import MTPStack
 
-  return method_acceptance(target, Eagle(head, gamma=gamma), prompts, max_new_tokens,
-                           eos_token_id)
+  if isinstance(head, MTPStack):  # a stack drafts at most one token per module
+    method = MTP(head, gamma=min(gamma, head.num_modules))
+  else:
+    method = Eagle(head, gamma=gamma)
+  return method_acceptance(target, method, prompts, max_new_tokens, eos_token_id)
 
 
 def method_acceptance(target, method, prompts, max_new_tokens: int = 64,

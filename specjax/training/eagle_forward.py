@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.heads.eagle3 import Eagle3Head
-from specjax.heads.mtp import MTPHead
+from specjax.heads.mtp import MTPHead, MTPStack
 from specjax.models.transformer import _rotate
 from specjax.training.forward import _dense, mm
 
@@ -140,6 +140,8 @@ def ttt_forward(head, embed: jax.Array, tokens: jax.Array, hidden: jax.Array, st
   if tokens.shape[1] < t + steps - 1:
     raise ValueError(f"tokens of width {tokens.shape[1]} cannot feed {steps} TTT steps over "
                      f"{t} positions (need {t + steps - 1})")
+  if isinstance(head, MTPStack):
+    return stack_forward(head, embed, tokens, hidden, steps, compute_dtype)
   past = [[] for _ in range(_num_layers(head))]
   outs = []
   for k in range(steps):
@@ -149,6 +151,27 @@ def ttt_forward(head, embed: jax.Array, tokens: jax.Array, hidden: jax.Array, st
       layer_past.append(kv)
     outs.append(hidden)
   return outs
+
+
+def stack_forward(stack, embed: jax.Array, tokens: jax.Array, hidden: jax.Array, steps: int,
+                  compute_dtype=None) -> list[jax.Array]:
+  """DeepSeek-V3's MTP modules 1..``steps`` of ``stack`` (an ``MTPStack``; arXiv 2412.19437
+  §2.2), ``ttt_forward``'s arguments and outputs: module ``k + 1`` at position ``t`` reads token
+  ``t + k + 1`` (teacher forced) and module ``k``'s output at ``t`` (the target's feature for the
+  first), each a plain causal pass over its own positions at their own RoPE positions (its own
+  KV cache when drafting, ``specjax.proposers.mtp``)."""
+  t = hidden.shape[1]
+  outs = []
+  for k, module in enumerate(stack.modules[:steps]):
+    embeds = jnp.take(embed, tokens[:, k:k + t], axis=0)
+    hidden, _ = head_step(module, embeds, hidden, [[] for _ in module.layers], 0, compute_dtype)
+    outs.append(hidden)
+  return outs
+
+
+def step_head(head, k: int):
+  """The head whose output is step ``k``'s: a stack's module ``k + 1``, else the head itself."""
+  return head.modules[k] if isinstance(head, MTPStack) else head
 
 
 def _num_layers(head) -> int:
