@@ -152,7 +152,7 @@ def _check_meshes(config, specs: dict) -> None:
 
   from experiments import random_models
   from specjax import sharding
-  from specjax.models.config import from_hf_dict
+  from specjax.models.hf_config import from_hf_dict
   for spec in config.meshes:
     sizes = runconfig.parse_mesh_spec(spec)
     if not sizes:

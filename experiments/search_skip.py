@@ -82,7 +82,7 @@ def acceptance(target_logits, draft_logits, scored, sampling) -> float:
 def search(target, text, scored, sampling, max_skip: int) -> list[tuple[tuple[int, ...], float]]:
   """Greedy selection: ``[(skip set, acceptance)]`` for 0, 1, ..., ``max_skip`` skipped layers."""
   import specjax as sj
-  from specjax.models.transformer import skip_layers
+  from specjax.models.layer_skip import skip_layers
 
   target_logits = sj.forward(target, text)
   score = lambda skip: acceptance(target_logits, sj.forward(skip_layers(target, skip), text),
@@ -101,7 +101,7 @@ def measure_curve(target, curve, prompts, gammas, tokens: int) -> list[dict]:
   """Per curve point: its costs (``specjax.costs.measure_step_costs``, target and draft side by
   side) and, per gamma, the iteration cost in target steps and the runner's modelled speedup."""
   from specjax import costs
-  from specjax.models.transformer import skip_layers
+  from specjax.models.layer_skip import skip_layers
 
   lengths = [len(p) for p in prompts]
   context = int(np.mean(lengths)) + tokens // 2

@@ -38,7 +38,7 @@ def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths
   import numpy as np
 
   from specjax import costs
-  from specjax.models.transformer import skip_layers
+  from specjax.models.layer_skip import skip_layers
 
   def passes_of(*kinds):
     widths = {METHODS[s["method"]].pass_tokens(config, s) for s in settings

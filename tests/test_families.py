@@ -37,10 +37,11 @@ import pytest
 from flax import nnx
 
 import specjax as sj
-from specjax.models.config import ModelConfig, from_hf_dict
+from specjax.models.config import ModelConfig
+from specjax.models.hf_config import from_hf_dict
 from specjax.models.hf_layout import params_from_hf, params_to_hf
 from specjax.models.kv_cache import init_cache
-from specjax.models.transformer import skip_layers
+from specjax.models.layer_skip import skip_layers
 from specjax.training import forward as training_forward
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)

@@ -24,7 +24,7 @@ import transformers
 import specjax as sj
 from specjax.models import checkpoints
 from specjax.models import gguf as gguf_io
-from specjax.models.config import from_hf_dict
+from specjax.models.hf_config import from_hf_dict
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests import hf_fixtures as F

@@ -23,7 +23,8 @@ import torch
 import transformers
 
 from specjax.models import hf as hf_io
-from specjax.models.config import ModelConfig, from_hf_dict
+from specjax.models.config import ModelConfig
+from specjax.models.hf_config import from_hf_dict
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import Transformer, forward
 

@@ -25,7 +25,7 @@ from flax import nnx
 import specjax as sj
 from specjax.decoding import loop
 from specjax.models.kv_cache import init_cache
-from specjax.models.transformer import skip_layers
+from specjax.models.layer_skip import skip_layers
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests import lawcheck, tabular

@@ -29,7 +29,7 @@ from experiments import default_pair, smollm2_draft, train
 from specjax import sampling as sampling_lib
 from specjax import training
 from specjax.models.kv_cache import init_cache
-from specjax.models.transformer import skip_layers
+from specjax.models.layer_skip import skip_layers
 from specjax.models.reduced_vocab import VOCAB_FILE, ReducedVocabTransformer, reduce_vocab
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)

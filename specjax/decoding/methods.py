@@ -20,8 +20,8 @@ from typing import Any
 
 from flax import nnx
 
-from specjax.models.transformer import (Transformer, check_context, check_model, check_skip,
-                                        skip_layers)
+from specjax.models.layer_skip import check_skip, skip_layers
+from specjax.models.transformer import Transformer, check_context, check_model
 from specjax.proposers import adaptive as adaptive_lib
 from specjax.proposers.adaptive import AdaptiveProposer
 from specjax.proposers.base import NoProposer

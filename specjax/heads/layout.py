@@ -55,7 +55,8 @@ from specjax.heads.eagle3 import Eagle3Head
 from specjax.heads.hydra import HYDRA_FILE, HydraHead, hydra_files, is_hydra_config, load_hydra
 from specjax.heads.medusa import MEDUSA_FILE, MedusaHead, is_medusa_config, load_medusa, medusa_files
 from specjax.heads.mtp import MTPHead, MTPStack, is_mtp_config, load_mtp, mtp_files
-from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
+from specjax.models.config import ModelConfig, rope_inverse_frequencies
+from specjax.models.hf_config import from_hf_dict, to_hf_dict
 from specjax.models.hf_layout import (COPY, TRANSPOSE, Entry, _iter_hf_tensors, _SafetensorsReader,
                                       fill_from_hf, linear, llama_layer, read_pickled)
 

@@ -52,7 +52,8 @@ import numpy as np
 from flax import nnx
 
 from specjax.heads.eagle import EagleHead, head_config
-from specjax.models.config import ModelConfig, from_hf_dict, rope_inverse_frequencies, to_hf_dict
+from specjax.models.config import ModelConfig, rope_inverse_frequencies
+from specjax.models.hf_config import from_hf_dict, to_hf_dict
 from specjax.models.hf_layout import (COPY, TRANSPOSE, Entry, _iter_hf_tensors, _SafetensorsReader,
                                       fill_from_hf, linear, llama_layer, read_pickled)
 from specjax.models.transformer import NORMED, Norm, _param

@@ -46,7 +46,8 @@ from typing import Any
 import numpy as np
 
 from specjax.cache import atomic_path, cache_root, file_sha256
-from specjax.models.config import ModelConfig, from_hf_dict
+from specjax.models.config import ModelConfig
+from specjax.models.hf_config import from_hf_dict
 from specjax.models.hf_layout import _SafetensorsReader, hf_layout, params_from_hf
 from specjax.models.transformer import Transformer
 

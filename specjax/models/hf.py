@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from specjax.models import checkpoints, gguf, gguf_tokenizer, reduced_vocab
-from specjax.models.config import from_hf_dict, to_hf_dict
+from specjax.models.hf_config import from_hf_dict, to_hf_dict
 from specjax.models.hf_layout import (  # noqa: F401 -- hf_layout, params_*: re-exported
     Entry, _hf_shape, _iter_hf_tensors, _SafetensorsReader, hf_layout, params_from_hf, params_to_hf)
 from specjax.models.transformer import Transformer
