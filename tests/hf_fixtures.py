@@ -31,6 +31,13 @@ _GEMMA_COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_attention_heads=4
                      max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6, bos_token_id=1,
                      eos_token_id=2, pad_token_id=0)
 
+# Gemma 2 (query_pre_attn_scalar aside): alternating local (window 6) / global layers,
+# attention-score and final-logit soft-capping at 5 (small enough to bend this model's scores and
+# logits).
+_GEMMA2 = dict(**_GEMMA_COMMON, num_hidden_layers=LAYERS, head_dim=16, attn_logit_softcapping=5.0,
+               final_logit_softcapping=5.0,
+               rope_parameters=dict(rope_type="default", rope_theta=10000.0))
+
 CONFIGS = {
     # Llama with grouped-query attention (4 heads, 2 kv heads), untied head.
     "llama": lambda: transformers.LlamaConfig(**_LLAMA_COMMON, tie_word_embeddings=False),
@@ -68,23 +75,22 @@ CONFIGS = {
         rope_parameters={
             "full_attention": dict(rope_type="linear", factor=2.0, rope_theta=10000.0),
             "sliding_attention": dict(rope_type="default", rope_theta=500.0)}),
-    # Gemma 2: alternating local (window 6) / global layers, attention-score and final-logit
-    # soft-capping at 5 (small enough to bend this model's scores and logits).
-    "gemma2": lambda: transformers.Gemma2Config(
-        **_GEMMA_COMMON, num_hidden_layers=LAYERS, head_dim=16, query_pre_attn_scalar=32,
-        attn_logit_softcapping=5.0, final_logit_softcapping=5.0,
-        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # Gemma 2 with query_pre_attn_scalar 32 (not head_dim 16).
+    "gemma2": lambda: transformers.Gemma2Config(**_GEMMA2, query_pre_attn_scalar=32),
     # GPT-2 (learned positions, LayerNorm, Conv1D with packed q/k/v, tied head).
     "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS,
                                             n_head=4, n_positions=MAX_POSITIONS,
                                             bos_token_id=1, eos_token_id=2),
 }
 
-# Not in CONFIGS (the families every test module runs): a Gemma 3 that llama.cpp's GGUF can
-# describe. What its metadata leaves out llama.cpp fixes in code (gguf.py): every 6th layer global
-# (layers 0-4 local here, layer 5 global), local rotary base 10000, scores scaled by head_dim **
-# -0.5; the global layers' rotary 1e6 with linear factor 8, as Gemma 3 4B's.
+# Not in CONFIGS (the families every test module runs): a Gemma 2 and a Gemma 3 that llama.cpp's
+# GGUF can describe. What its metadata leaves out llama.cpp fixes in code (gguf.py): scores scaled
+# by head_dim ** -0.5; Gemma 3: every 6th layer global (layers 0-4 local here, layer 5 global),
+# local rotary base 10000, the global layers' rotary 1e6 with linear factor 8, as Gemma 3 4B's.
 GGUF_CONFIGS = {
+    # CONFIGS' Gemma 2 (layer 0 local with window 6, layer 1 global; soft-caps 5) scaled as
+    # llama.cpp scales Gemma 2 below 27B: query_pre_attn_scalar = head_dim.
+    "gemma2_gguf": lambda: transformers.Gemma2Config(**_GEMMA2, query_pre_attn_scalar=16),
     "gemma3_gguf": lambda: transformers.Gemma3TextConfig(
         **_GEMMA_COMMON, num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16,
         rope_parameters={

@@ -363,7 +363,7 @@ class GGUFTest(absltest.TestCase):
     file = G.write_gguf(os.path.join(self.tmp, "phi3.gguf"), F.cached_checkpoint("llama")[1],
                         arch="phi3")
     with self.assertRaisesRegex(ValueError, r"unsupported GGUF architecture 'phi3' .*; supported: "
-                                r"llama, qwen2, qwen3, gemma3$"):
+                                r"llama, qwen2, qwen3, gemma2, gemma3$"):
       sj.load_model(file)
 
 

@@ -1,6 +1,7 @@
 """Tests for GGUF checkpoints (specjax.models.gguf): parity with transformers' GGUF loader on tiny
-random files this test writes, the conversion cache, named checkpoints, the real SmolLM2 file, and
-one-line errors."""
+random files this test writes (Llama, Qwen2, Gemma 2), the header reader against gguf's
+``GGUFReader``, the conversion cache, named checkpoints, the real SmolLM2 file, and one-line
+errors."""
 
 from __future__ import annotations
 
@@ -51,12 +52,14 @@ def _config(torch_model, tied: bool = False):
 
 def write_gguf(file: str, torch_model, qtype: str = "F32", tied: bool = False, arch: str = "",
                types: dict[str, str] | None = None) -> str:
-  """Writes a transformers Llama/Qwen2/Qwen3/Gemma 3 model as a GGUF file the way llama.cpp's
-  converter does.
+  """Writes a transformers Llama/Qwen2/Qwen3/Gemma 2/Gemma 3 model as a GGUF file the way
+  llama.cpp's converter does.
 
   Matrices are stored as ``qtype`` (``types`` overrides per GGUF name), vectors as F32; ``tied``
   drops ``output.weight``; ``arch`` overrides the declared architecture (metadata keys follow it).
-  Gemma 3: its norm weights stored as 1 + w, its window and global rope scaling in the metadata.
+  Gemma: norm weights stored as 1 + w, key_length and the window in the metadata; Gemma 2: both
+  soft-caps, and no rope base or rotary dimension count (its converter writes neither); Gemma 3:
+  the global layers' rope scaling.
   """
   config = _config(torch_model, tied)
   own = {v: k for k, v in gguf_io.ARCHITECTURES.items()}.get(config.model_type, config.model_type)
@@ -70,10 +73,16 @@ def write_gguf(file: str, torch_model, qtype: str = "F32", tied: bool = False, a
       rope_dimension_count=config.head_dim, rope_freq_base=config.rope_theta,
       layer_norm_rms_eps=config.norm_eps, vocab_size=config.vocab_size,
       bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id)
-  if config.head_dim * config.num_heads != config.hidden_size or own == "gemma3":  # as the
-    metadata.update(key_length=config.head_dim, value_length=config.head_dim)  # converter does
-  if own == "gemma3":
+  gemma = own in ("gemma2", "gemma3")
+  if config.head_dim * config.num_heads != config.hidden_size or gemma:  # as the converter does
+    metadata.update(key_length=config.head_dim, value_length=config.head_dim)
+  if gemma:
     metadata.update(sliding_window=config.sliding_window)
+  if own == "gemma2":
+    del metadata["rope_freq_base"], metadata["rope_dimension_count"]
+    metadata.update(attn_logit_softcapping=config.attn_logit_softcapping,
+                    final_logit_softcapping=config.final_logit_softcapping)
+  if own == "gemma3":
     if config.rope_type == "linear":
       metadata.update(rope_scaling_type=gguf.RopeScalingType.LINEAR,
                       rope_scaling_factor=config.rope_scaling_dict["factor"])
@@ -82,7 +91,7 @@ def write_gguf(file: str, torch_model, qtype: str = "F32", tied: bool = False, a
   heads = {".attn_q.": config.num_heads, ".attn_k.": config.num_kv_heads}
   for name, hf_name in gguf_io._gguf_names(config, own).items():
     w = state[hf_name]
-    if own == "gemma3" and name.endswith("norm.weight"):  # llama.cpp's norm_shift
+    if gemma and name.endswith("norm.weight"):  # llama.cpp's norm_shift
       w = w + np.float32(1.0)
     if config.model_type == "llama":
       for key, n in heads.items():
@@ -98,11 +107,12 @@ def write_gguf(file: str, torch_model, qtype: str = "F32", tied: bool = False, a
   return file
 
 
-def _hf_from_gguf(file: str):
-  """transformers' own GGUF loader (float32, eager attention) on ``file``."""
+def _hf_from_gguf(file: str, **config):
+  """transformers' own GGUF loader (float32, eager attention) on ``file``; ``config``: values
+  for config attributes its loader does not read from the metadata."""
   return transformers.AutoModelForCausalLM.from_pretrained(
       os.path.dirname(file), gguf_file=os.path.basename(file), dtype=torch.float32,
-      attn_implementation="eager").eval()
+      attn_implementation="eager", **config).eval()
 
 
 class CacheDirTest(parameterized.TestCase):
@@ -140,6 +150,34 @@ class ParityTest(CacheDirTest):
       _, torch_model = F.cached_checkpoint(name)
       np.testing.assert_allclose(ref, F.hf_logits(torch_model, _tokens()), atol=PARITY_TOL, rtol=0)
 
+  @parameterized.named_parameters(("f32", "F32"), ("q8_0", "Q8_0"), ("q4_1", "Q4_1"))
+  def test_gemma2_logits_match_transformers_gguf_loader(self, qtype):
+    """Gemma 2 (layer 0 local with window 6 within 16 tokens, layer 1 global; both soft-caps 5;
+    norms stored as 1 + w) loads with llama.cpp's reading of its metadata. transformers' GGUF
+    loader reads neither soft-cap nor query_pre_attn_scalar (it keeps Gemma2Config's 50, 30 and
+    256), so it gets the original checkpoint's as overrides: against it, the tensors are under
+    test; the F32 file's logits also equal the original checkpoint's, which tests the config."""
+    path, torch_model = F.cached_checkpoint("gemma2_gguf")
+    file = write_gguf(os.path.join(self.tmp, "gemma2.gguf"), torch_model, qtype=qtype)
+    model = sj.load_model(file)
+    expected = sj.load_model(path).config
+    self.assertEqual(expected.layer_types, ("sliding_attention", "full_attention"))
+    self.assertAlmostEqual(model.config.norm_eps, expected.norm_eps)  # a float32 in the file
+    self.assertEqual(dataclasses.replace(model.config, norm_eps=expected.norm_eps,
+                                         pad_token_id=expected.pad_token_id), expected)
+    hf = torch_model.config
+    ref = F.hf_logits(_hf_from_gguf(file, attn_logit_softcapping=hf.attn_logit_softcapping,
+                                    final_logit_softcapping=hf.final_logit_softcapping,
+                                    query_pre_attn_scalar=hf.query_pre_attn_scalar), _tokens())
+    self.assertGreater(ref.std(), 0.1, "logits too close to zero for a meaningful comparison")
+    ours = np.asarray(sj.forward(model, _tokens()))
+    diff = np.abs(ours - ref).max()
+    print(f"\n[gemma2 {qtype}] max |specjax - transformers(gguf)| = {diff:.2e}")
+    self.assertLessEqual(diff, PARITY_TOL)
+    if qtype == "F32":
+      np.testing.assert_allclose(ours, F.hf_logits(torch_model, _tokens()), atol=PARITY_TOL,
+                                 rtol=0)
+
   def test_every_dequantizable_type_loads(self):
     """Every 32-value-block type plus BF16, mixed in one file (rows of 64 and 96 values; the
     K-quants' 256-value blocks would need a larger model)."""
@@ -165,7 +203,9 @@ class CacheTest(CacheDirTest):
               if f.endswith(".safetensors")]
     self.assertLen(cached, 1)
     copy = shutil.copy(file, os.path.join(self.tmp, "renamed.gguf"))  # keyed by content, not path
-    with mock.patch.object(gguf, "GGUFReader", side_effect=AssertionError("GGUF file read again")):
+    again = AssertionError("GGUF file read again")
+    with mock.patch.object(gguf_io, "read_header", side_effect=again), \
+        mock.patch.object(gguf_io, "convert_gguf", side_effect=again):
       second = sj.load_model(copy)
       bf16 = sj.load_model(copy, dtype="bfloat16")
     np.testing.assert_array_equal(np.asarray(sj.forward(second, _tokens())), first)
@@ -189,6 +229,50 @@ class CacheTest(CacheDirTest):
     self.assertEqual(model.config.num_layers, F.LAYERS)
 
 
+class HeaderTest(CacheDirTest):
+
+  def test_agrees_with_gguf_reader(self):
+    """``read_header`` and ``gguf.GGUFReader`` on one file: every metadata value type (and an
+    array of arrays, which GGUFReader flattens), alignment 64, tensors of four types and ranks."""
+    file = os.path.join(self.tmp, "header.gguf")
+    writer = gguf.GGUFWriter(file, "llama")
+    writer.add_custom_alignment(64)
+    V = gguf.GGUFValueType
+    values = {V.UINT8: 200, V.INT8: -100, V.UINT16: 60000, V.INT16: -30000, V.UINT32: 4_000_000_000,
+              V.INT32: -2_000_000_000, V.FLOAT32: 0.1, V.BOOL: True, V.STRING: "ü 東",
+              V.UINT64: 2 ** 63 + 1, V.INT64: -(2 ** 62), V.FLOAT64: 0.1}
+    for kind, value in values.items():
+      writer.add_key_value(f"test.{kind.name.lower()}", value, kind)
+    writer.add_array("test.floats", [0.5, -1.25, 3.0])
+    writer.add_array("test.strings", ["a", "", "ü"])
+    writer.add_key_value("test.bools", [True, False], V.ARRAY, sub_type=V.BOOL)
+    writer.add_key_value("test.nested", [[1, 2], [3]], V.ARRAY)
+    rng = np.random.default_rng(0)
+    for name, shape, kind in (("a", (3, 64), "F32"), ("b", (7,), "F16"),
+                              ("c", (2, 5, 4, 32), "Q8_0")):
+      data = rng.standard_normal(shape).astype(np.float32)
+      writer.add_tensor(name, gguf.quants.quantize(data, Q[kind]), raw_dtype=Q[kind])
+    q4_k = rng.integers(0, 256, (2, 3, 144), np.uint8)  # 256 values a block (gguf cannot quantize)
+    writer.add_tensor("d", q4_k, raw_dtype=Q.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    header, reader = gguf_io.read_header(file), gguf.GGUFReader(file)
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    self.assertEqual(header.metadata.pop("test.nested"), [[1, 2], [3]])
+    fields.pop("test.nested")
+    self.assertEqual(header.metadata, fields)
+    self.assertEqual(header.metadata["test.float32"], float(np.float32(0.1)))
+    self.assertEqual([(t.name, t.dims, gguf.GGMLQuantizationType(t.type), t.offset)
+                      for t in header.tensors],
+                     [(t.name, tuple(t.shape.tolist()), t.tensor_type, t.data_offset)
+                      for t in reader.tensors])
+    self.assertEqual((header.data_offset, header.data_offset % 64), (reader.data_offset, 0))
+    self.assertEqual(header.file_size, os.path.getsize(file))
+    self.assertEqual(header.tensors[3].shape, (2, 3, 256))
+
+
 class ErrorTest(CacheDirTest):
 
   def assertOneLineError(self, pattern: str, fn, *args, error=ValueError):
@@ -203,6 +287,21 @@ class ErrorTest(CacheDirTest):
       with open(file, "wb") as f:
         f.write(data[:size])
       self.assertOneLineError(re.escape(file) + r".*truncated or corrupt", sj.load_model, file)
+
+  def test_big_endian_and_other_versions(self):
+    big = os.path.join(self.tmp, "big.gguf")
+    writer = gguf.GGUFWriter(big, "llama", endianess=gguf.GGUFEndian.BIG)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    self.assertOneLineError(r"big.gguf is big-endian; only little-endian files are supported",
+                            gguf_io.read_hf_config, big)
+    file = self.gguf_file()
+    with open(file, "r+b") as f:
+      f.seek(4)
+      f.write((1).to_bytes(4, "little"))
+    self.assertOneLineError(r"llama.gguf is of GGUF version 1; supported: 2, 3", sj.load_model,
+                            file)
 
   def test_unknown_architecture(self):
     file = self.gguf_file(arch="mamba")

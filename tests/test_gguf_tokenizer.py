@@ -259,7 +259,7 @@ class ErrorTest(TokenizerTest):
       sj.load_tokenizer(file)
 
   def test_truncated_file(self):
-    """The direct metadata reader gives way to the gguf package's, which names the file."""
+    """The header reader (specjax.models.gguf.read_header) names the file."""
     with open(write_sentencepiece_gguf(os.path.join(self.tmp, "spm.gguf")), "rb") as f:
       data = f.read()
     for size in (0, 30, len(data) // 2):

@@ -1,13 +1,13 @@
 """A GGUF file's tokenizer, built from its metadata with the ``tokenizers`` library (no torch).
 
 A GGUF holds no ``tokenizer.json``: llama.cpp stores the vocabulary, merges or scores, token types
-and special ids as metadata (``tokenizer.ggml.*``). We read them (from the file's bytes, or with
-the ``gguf`` package where that reader stops: ``read_tokenizer_metadata``) and build the fast
-tokenizer they describe with ``tokenizers``, wrapped as a
-``transformers.PreTrainedTokenizerFast`` so that ``apply_chat_template``, ``decode`` and special
-tokens behave as users expect. transformers can build the same tokenizer (``AutoTokenizer`` with
-``gguf_file=``), but its GGUF path imports torch, which the library and the runner do not need;
-the tests require our ids and decoded text to equal transformers' where torch is installed.
+and special ids as metadata (``tokenizer.ggml.*``). We read them (``read_tokenizer_metadata``,
+from the file's bytes with ``gguf.read_header``) and build the fast tokenizer they describe with
+``tokenizers``, wrapped as a ``transformers.PreTrainedTokenizerFast`` so that
+``apply_chat_template``, ``decode`` and special tokens behave as users expect. transformers can
+build the same tokenizer (``AutoTokenizer`` with ``gguf_file=``), but its GGUF path imports torch,
+which the library and the runner do not need; the tests require our ids and decoded text to equal
+transformers' where torch is installed.
 
 Supported vocabulary kinds (``tokenizer.ggml.model``, ``SUPPORTED_MODELS``):
 
@@ -35,17 +35,13 @@ byte token covers a character.
 from __future__ import annotations
 
 import functools
-import mmap
 import os
-import struct
 import warnings
 from typing import Any
 
-import numpy as np
-
 from specjax.cache import atomic_path, file_sha256
 from specjax.models import checkpoints
-from specjax.models.gguf import _READ_ERRORS, _cache_files, _open  # one cache key
+from specjax.models.gguf import _cache_files, read_header  # one cache key and reader
 
 # llama.cpp's token types (gguf.TokenType): CONTROL tokens are special; USER_DEFINED ones are
 # matched whole in the text but are not special.
@@ -84,67 +80,12 @@ def _byte_to_char() -> dict[int, str]:
   return {**{b: chr(b) for b in kept}, **{b: chr(256 + i) for i, b in enumerate(shifted)}}
 
 
-# GGUF metadata value types (gguf.GGUFValueType): the numbers, as numpy dtypes, and the two others.
-_NUMBERS = {0: "u1", 1: "i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?",
-            10: "<u8", 11: "<i8", 12: "<f8"}
-_STRING, _ARRAY = 8, 9
-
-
-def _read_metadata_directly(path: str) -> dict[str, Any]:
-  """Every metadata key -> value of a little-endian GGUF v2/v3 file, parsed from the file's bytes.
-
-  ``gguf.GGUFReader`` builds numpy views for every element of every array: for Gemma 3's 262144
-  tokens, scores and types that is half a minute, against a fraction of a second here. Raises on
-  anything else (big-endian, nested arrays, truncation): the caller then uses the gguf package.
-  """
-  with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-    magic, version, _, count = struct.unpack_from("<4sIQQ", buf, 0)
-    if magic != b"GGUF" or version not in (2, 3):
-      raise ValueError(f"not a little-endian GGUF v2/v3 file (version field {version})")
-
-    def string(offset: int) -> tuple[str, int]:
-      (size,) = struct.unpack_from("<Q", buf, offset)
-      if offset + 8 + size > len(buf):
-        raise ValueError("a string runs past the end of the file")
-      return buf[offset + 8:offset + 8 + size].decode("utf-8"), offset + 8 + size
-
-    def numbers(kind: int, size: int, offset: int) -> tuple[list, int]:
-      dtype = np.dtype(_NUMBERS[kind])
-      return np.frombuffer(buf, dtype, size, offset).tolist(), offset + size * dtype.itemsize
-
-    def value(kind: int, offset: int) -> tuple[Any, int]:
-      if kind == _STRING:
-        return string(offset)
-      if kind != _ARRAY:
-        items, offset = numbers(kind, 1, offset)
-        return items[0], offset
-      item, size = struct.unpack_from("<IQ", buf, offset)
-      offset += 12
-      if item != _STRING:
-        return numbers(item, size, offset)
-      items = []
-      for _ in range(size):
-        text, offset = string(offset)
-        items.append(text)
-      return items, offset
-
-    meta, offset = {}, 24
-    for _ in range(count):
-      key, offset = string(offset)
-      (kind,) = struct.unpack_from("<I", buf, offset)
-      meta[key], offset = value(kind, offset + 4)
-    return meta
-
-
 def read_tokenizer_metadata(path: str | os.PathLike) -> dict[str, Any]:
   """The ``tokenizer.ggml.*`` metadata of a GGUF file (and its chat template) as a plain dict,
   under llama.cpp's key names without the ``tokenizer.ggml.`` prefix, plus ``name`` and
   ``architecture`` (``general.*``)."""
   path = os.fspath(path)
-  try:
-    fields = _read_metadata_directly(path)
-  except _READ_ERRORS:  # what the direct reader does not handle, or a corrupt file: gguf says
-    fields = {key: field.contents() for key, field in _open(path).fields.items()}
+  fields = read_header(path).metadata  # raises ValueError naming the file for what it cannot read
   keys = ("model", "pre", "tokens", "merges", "scores", "token_type", "bos_token_id",
           "eos_token_id", "unknown_token_id", "padding_token_id", "add_bos_token", "add_eos_token")
   meta = {key: fields.get(f"tokenizer.ggml.{key}") for key in keys}
