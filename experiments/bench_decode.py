@@ -44,7 +44,7 @@ def hf_greedy(model, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
   with torch.no_grad():
     ids = torch.tensor(prompts)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+                         max_new_tokens=new_tokens, pad_token_id=0)
   return out[:, prompts.shape[1]:].numpy()
 
 
@@ -78,6 +78,11 @@ def main(argv):
     with tempfile.TemporaryDirectory() as tmp:
       sj.save_model(model, tmp)
       hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+  # Both sides decode exactly new_tokens greedy tokens through any EOS: sj.generate has no EOS
+  # unless given one, and transformers' generate stops at the checkpoint's EOS unless it has none.
+  # (min_new_tokens would instead forbid EOS, so a row whose greedy token is EOS — Gemma 3 on
+  # random prompts, from its second token — would part from ours there.)
+  hf.generation_config.eos_token_id = None
   config = model.config
   print(f"model: {FLAGS.model or 'random'}, {config.num_params() / 1e6:.1f}M parameters, prompt "
         f"{FLAGS.prompt_len}, "

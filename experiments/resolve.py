@@ -112,6 +112,8 @@ def _check_dir(role: str, path: str) -> dict:
       hf = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
     raise ConfigError(f"{role} checkpoint {config_file} is not valid JSON: {e}") from None
+  from specjax.models.hf_config import language_model_dict  # a multimodal one's text part
+  hf = dict(language_model_dict(hf))
   if not isinstance(hf.get("vocab_size"), int):
     raise ConfigError(f"{role} checkpoint {config_file} has no integer vocab_size")
   return hf

@@ -13,6 +13,9 @@ from experiments.methods import METHODS
 from experiments.models import Models
 
 
+HF_PAD = 0  # transformers' left padding (masked out; any id works)
+
+
 class Runner:
   """Runs one setting on one batch; returns (seconds, tokens int32[B, N] with -1 padding, stats)."""
 
@@ -101,14 +104,16 @@ class Runner:
     return seconds, np.asarray(out.tokens), out.stats
 
   def _hf(self, s: dict, batch: list[list[int]], key_seed: tuple[int, int]):
+    """transformers' generate on ``batch``, left-padded (its convention for decoder-only
+    batches), with the EOS handling of ours: stop at the tokenizer's EOS (``stop_at_eos``) or
+    decode through every EOS (never ``min_new_tokens``, which forbids EOS where ours emits it)."""
     import torch
-    if len(batch) != 1:
-      raise ValueError("hf methods run one prompt at a time")
     target = self.models.hf["target"]
     n = int(self.config.max_new_tokens)
-    kwargs: dict[str, Any] = dict(max_new_tokens=n, pad_token_id=0)
-    if not self.config.stop_at_eos:
-      kwargs["min_new_tokens"] = n
+    # On the model's own generation config: one passed to generate() has its unset (None)
+    # fields filled back from the model's (transformers 5), EOS included.
+    target.generation_config.eos_token_id = self.eos
+    kwargs: dict[str, Any] = dict(max_new_tokens=n, pad_token_id=HF_PAD)
     if s["temperature"] > 0:
       kwargs.update(do_sample=True, temperature=s["temperature"], top_k=s["top_k"],
                     top_p=s["top_p"])
@@ -116,14 +121,19 @@ class Runner:
     else:
       kwargs.update(do_sample=False)
     kwargs.update(METHODS[s["method"]].build(self.config, s, self.models.hf))
-    ids = torch.tensor([batch[0]], dtype=torch.long)
+    width = max(len(p) for p in batch)
+    ids = torch.tensor([[HF_PAD] * (width - len(p)) + list(p) for p in batch], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], dtype=torch.long)
     t0 = time.perf_counter()
     with torch.no_grad():
-      out = target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+      out = target.generate(ids, attention_mask=mask, **kwargs)
     seconds = time.perf_counter() - t0
-    new = out[:, ids.shape[1]:].numpy().astype(np.int32)
-    tokens = np.full((1, n), -1, np.int32)
+    new = out[:, width:].numpy().astype(np.int32)
+    tokens = np.full((len(batch), n), -1, np.int32)
     tokens[:, :new.shape[1]] = new[:, :n]
+    if self.eos is not None:  # a finished row's later columns are transformers' padding: ours
+      is_eos = tokens == self.eos  # mark them -1 (nothing generated)
+      tokens[np.cumsum(is_eos, axis=1) - is_eos > 0] = -1
     return seconds, tokens, None
 
 

@@ -51,11 +51,14 @@ def pytest_configure(config):
     return  # a worker (inherits the controller's), or the user's own cache
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="specjax-test-jax-cache-")
   os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
-  os.environ[_OWNED] = "1"
+  # The owner is this process: a pytest started in a subprocess by a test (test_sharding.py)
+  # inherits the environment, and must not remove the run's cache when it ends.
+  os.environ[_OWNED] = str(os.getpid())
 
 
 def pytest_unconfigure(config):
   del config
-  if os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.pop(_OWNED, None):
+  if os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get(_OWNED) != str(os.getpid()):
     return
+  del os.environ[_OWNED]
   shutil.rmtree(os.environ.pop("JAX_COMPILATION_CACHE_DIR"), ignore_errors=True)

@@ -221,6 +221,12 @@ class GemmaTest(parameterized.TestCase):
       self.assertEqual(model.config, _model("gemma3").config)
       diff = np.abs(np.asarray(sj.forward(model, tokens)) - ref).max()
       self.assertLessEqual(diff, PARITY_TOL, path)
+    # The runner's checkpoint check reads the language model's fields (vocabulary, context).
+    from experiments import resolve
+    hf = resolve._check_dir("target", tmp)
+    text = F.CONFIGS["gemma3"]()
+    self.assertEqual((hf["vocab_size"], hf["max_position_embeddings"]),
+                     (text.vocab_size, text.max_position_embeddings))
 
   def test_skip_layers_keeps_each_layers_kind(self):
     """A self-speculative view keeps its layers' kinds: skipping global layer 1 leaves two local

@@ -193,6 +193,23 @@ class HfMethodsTest(absltest.TestCase):
       self.assertGreater(theirs["tokens_per_s"], 0)
 
 
+  def test_hf_autoregressive_batch_of_ragged_prompts(self):
+    """transformers' generate runs a whole (left-padded) batch, stopping rows at EOS as ours do:
+    the same greedy tokens for every row."""
+    with tempfile.TemporaryDirectory() as tmp:
+      proc, _ = _run("--config=configs/tiny.py", f"--config.output_dir={tmp}",
+                     "--config.methods=autoregressive,hf_autoregressive", "--config.batch_size=3",
+                     "--config.num_prompts=3", "--config.temperatures=0", "--config.repeats=1",
+                     "--config.max_new_tokens=8", "--config.stop_at_eos=True", "--config.max_prompt_tokens=200",
+                     "--config.progress=False", "--config.plots=False")
+      self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+      results = json.loads(pathlib.Path(tmp, "results.json").read_text())
+    rows = {e["method"]: e for e in results["settings"]}
+    self.assertEqual(rows["hf_autoregressive"]["greedy_match_vs_specjax"], 1.0)
+    self.assertEqual(results["prompts"]["batch_size"], 3)
+    self.assertLess(results["prompts"]["tokens_min"], results["prompts"]["tokens_max"])  # ragged
+
+
 class OverrideTest(absltest.TestCase):
 
   def test_config_arg_and_flag_overrides_dry_run(self):

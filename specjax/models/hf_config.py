@@ -23,9 +23,8 @@ def from_hf_dict(hf: Mapping[str, Any], dtype: str | None = None) -> ModelConfig
   ``dtype`` overrides the checkpoint's own (``torch_dtype`` / ``dtype``); float16 checkpoints are
   loaded as float32 unless a dtype is given, since CPU float16 matmuls are slow and imprecise.
   """
+  hf = language_model_dict(hf)
   model_type = hf.get("model_type")
-  if model_type == "gemma3":  # Gemma3ForConditionalGeneration: its language model only
-    return from_hf_dict(_gemma3_text_part(hf), dtype)
   if model_type not in SUPPORTED_MODEL_TYPES:
     raise ValueError(f"unsupported model_type {model_type!r} in config.json; supported: "
                      f"{', '.join(SUPPORTED_MODEL_TYPES)}")
@@ -125,9 +124,13 @@ GEMMA3_TEXT_DEFAULTS = dict(
     eos_token_id=1, pad_token_id=0)
 
 
-def _gemma3_text_part(hf: Mapping[str, Any]) -> dict[str, Any]:
-  """The gemma3_text ``config.json`` dict of a multimodal ``gemma3`` one: its ``text_config``
-  over transformers' defaults, the top level's dtype and head tying where it has none."""
+def language_model_dict(hf: Mapping[str, Any]) -> Mapping[str, Any]:
+  """The ``config.json`` dict of the language model a checkpoint holds: ``hf`` itself, or for a
+  multimodal ``gemma3`` one (Gemma3ForConditionalGeneration) the gemma3_text dict of its
+  ``text_config`` over transformers' defaults, the top level's dtype and head tying where it has
+  none."""
+  if hf.get("model_type") != "gemma3":
+    return hf
   text = dict(GEMMA3_TEXT_DEFAULTS)
   text.update({k: hf[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings") if k in hf})
   text.update(hf.get("text_config") or {})
