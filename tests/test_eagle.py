@@ -14,6 +14,7 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest, parameterized
 from flax import nnx
 
@@ -233,6 +234,7 @@ class LawTest(absltest.TestCase):
     counts = np.asarray(result.out.stats.accepted_length_counts)
     self.assertTrue(np.all(counts > 0), msg=str(counts))
 
+  @pytest.mark.slow  # ~45 s law run; the chain and static-tree laws stay in the default run
   def test_dynamic_tree(self):
     result = lawcheck.check_law(law_transformer(), sj.Eagle(random_head(LAW_CONFIG, 3),
                                                             tree=sj.DynamicTree(2, 2, 4)),
@@ -241,6 +243,7 @@ class LawTest(absltest.TestCase):
     self.assertGreater(result.pvalue, lawcheck.P_FLOOR, msg=result.summary())
     self.assertGreater(int(np.sum(result.out.stats.accepted)), 0)
 
+  @pytest.mark.slow  # ~1 min mutation control (test_tree_speculative has the same control)
   def test_soft_q_for_top_k_children_is_rejected(self):
     clean = self.tree_law("top_k", "eagle_top_k")
     self.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())

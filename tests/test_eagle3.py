@@ -15,6 +15,7 @@ import tempfile
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest, parameterized
 from flax import nnx
 
@@ -178,6 +179,7 @@ class LawTest(absltest.TestCase):
   def head(self):
     return random_head3(LAW3_CONFIG, 3, LAW_DRAFT_IDS, None)
 
+  @pytest.mark.slow  # ~1 min law run; test_sampled_tree keeps EAGLE-3's law in the default run
   def test_sampled_chain_and_unscattered_law(self):
     gamma = 2
     clean = self.law(sj.Eagle(self.head(), gamma=gamma), "eagle3_chain", gamma + 3)

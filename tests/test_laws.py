@@ -92,7 +92,7 @@ def make_method(gamma: int, draft):
   return sj.Autoregressive() if gamma == 0 else sj.Speculative(draft, gamma)
 
 
-@slow
+# Not slow: the law through the real loop on tabular pairs: in the default run (~1 min).
 class TabularLawTest(parameterized.TestCase):
   """The harness on tabular models: exact law from the table."""
 

@@ -14,6 +14,7 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest
 from flax import nnx
 
@@ -515,6 +516,7 @@ class StackProposerTest(absltest.TestCase):
       lengths = np.where(active, lengths + n + 1, lengths)
     return error
 
+  @pytest.mark.slow  # ~1 min: from-scratch stack forwards per row and iteration
   def test_drafts_are_the_sequential_modules(self):
     target = random_transformer(TF_CONFIG, 0)
     stack = random_mtp(TF_CONFIG, 4, num_modules=3)
@@ -534,6 +536,7 @@ def rolled_laws(stack_candidates):
 
 class StackLawTest(absltest.TestCase):
 
+  @pytest.mark.slow  # ~1 min law run; LawTest keeps MTP's law in the default run
   def test_sampled_stack_chain_and_rolled_law_mutant(self):
     check_law_and_mutant(self, random_mtp(LAW_CONFIG, 3, num_modules=2), "mtp_stack_chain",
                          (mtp_lib, "chain_candidates", rolled_laws(mtp_lib.chain_candidates)))

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import textwrap
 
+import pytest
 from absl.testing import absltest
 
 from experiments import launch_local
@@ -46,6 +47,7 @@ def _settings(out_dir: str) -> dict:
   return results, {(e["method"], e["mesh"]): e for e in results["settings"]}
 
 
+@pytest.mark.slow  # ~1.5 min: two JAX processes and a reference
 class MultiProcessTest(absltest.TestCase):
 
   def test_two_processes_equal_one(self):

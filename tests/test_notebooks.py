@@ -13,6 +13,7 @@ import pathlib
 import sys
 import unittest
 
+import pytest
 from absl.testing import absltest, parameterized
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -92,6 +93,7 @@ class NotebookFormatTest(parameterized.TestCase):
 @unittest.skipIf(sys.platform == "win32", "kernels are not tested on Windows")
 class NotebookExecutionTest(absltest.TestCase):
 
+  @pytest.mark.slow  # ~45 s: the quickstart notebook's kernel end to end
   def test_quickstart(self):
     nb = _execute(NOTEBOOKS / "quickstart.ipynb")
     _same_python(self, nb)

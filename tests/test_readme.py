@@ -26,6 +26,8 @@ class ReadmeCommandsTest(absltest.TestCase):
         "python -m experiments.run --config=configs/default.py")
     ci_lines = [line.strip() for line in ci.splitlines()]
     self.assertIn(test, ci_lines)
+    self.assertIn("python -m pytest -q -m slow", ci_lines)  # the tests the default run leaves out
+    self.assertIn("python -m pytest -q -m slow", readme)
     install = first.rsplit(" && ", 1)[0]
     newcomer = ci[ci.index("# 1."):ci.index("# 2.")]
     code = "\n".join(line for line in newcomer.splitlines() if not line.lstrip().startswith("#"))

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 
+import pytest
 from absl.testing import absltest, parameterized
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -657,6 +658,7 @@ class GpuCheckScriptTest(absltest.TestCase):
     return subprocess.run(["bash", "experiments/gpu_check.sh"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
+  @pytest.mark.slow  # ~45 s: every stage of experiments/gpu_check.sh, dry
   def test_stages_dry_run(self):
     with tempfile.TemporaryDirectory() as tmp:
       proc = self._script(tmp, "tests/test_run.py::OverrideTest::test_get_config_arg")

@@ -12,11 +12,13 @@ import os
 import subprocess
 import sys
 
+import pytest
 from absl.testing import absltest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # ~3 min: every sharding case in a pytest subprocess on eight fake devices
 class ShardingCasesTest(absltest.TestCase):
 
   def test_sharding_cases_on_eight_devices(self):

@@ -259,7 +259,7 @@ def greedy_reference(config: sj.ModelConfig, max_new_tokens: int) -> np.ndarray:
   return forward_greedy(random_transformer(config, 0), GREEDY_PROMPTS, max_new_tokens)
 
 
-@slow
+# Not slow: greedy = autoregressive for chains: in the default run (~1 min).
 class GreedyExactnessTest(parameterized.TestCase):
 
   @parameterized.parameters(1, 3, 5)

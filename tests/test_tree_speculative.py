@@ -51,7 +51,7 @@ def check_tree_stats(test, out, tree: sj.Tree):
   np.testing.assert_array_equal(s.generated, out.lengths)
 
 
-@slow
+# Not slow: greedy = autoregressive for trees: in the default run (~1 min).
 class GreedyTest(parameterized.TestCase):
   """At temperature 0 every tree returns the Autoregressive tokens exactly (ragged batch)."""
 
