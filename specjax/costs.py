@@ -320,7 +320,7 @@ def _hydra_steps_fn():
     target = nnx.merge(target_graphdef, target_state)
 
     def body(_, tokens):
-      path = jnp.take(target.embed[...], tokens, axis=0)[:, None]
+      path = target.embed_tokens(tokens)[:, None]
       logits = heads.project(0, heads.state(0, hidden, path))
       return jnp.argmax(logits, axis=-1).astype(tokens.dtype)
 

@@ -116,6 +116,48 @@ class GreedyTest(parameterized.TestCase):
     self.assertGreater(int(mutant.stats.target_calls), int(out.stats.target_calls))
 
 
+class GemmaTargetTest(absltest.TestCase):
+
+  def test_paths_are_the_targets_scaled_input_embeddings(self):
+    """On a Gemma target the path enters the heads as Gemma's input embeddings, sqrt(hidden) x
+    the table's rows (``embed_tokens``, what the Hydra paper's base model feeds its own layers):
+    greedy chain drafts equal a reference built on them, and differ from one on the raw rows."""
+    from specjax.models.hf_config import from_hf_dict
+    from specjax.models.kv_cache import init_cache
+    try:
+      from tests import hf_fixtures
+    except ImportError:  # pragma: no cover
+      import hf_fixtures
+    config = from_hf_dict(hf_fixtures.CONFIGS["gemma3"]().to_dict())
+    self.assertGreater(config.embed_scale, 5.0)
+    target = sj.init_model(config, jax.random.key(0))
+    heads = random_heads(config, 1, num_heads=2)
+    proposer, params = sj.Hydra(heads, gamma=2).proposer(target)
+    rng = np.random.default_rng(0)
+    batch, width = 4, 7
+    text = jnp.asarray(rng.integers(0, config.vocab_size, (batch, width)), jnp.int32)
+    feats = target(text, init_cache(config, batch, width), features=proposer.features)[2]
+    lengths = jnp.full((batch,), width, jnp.int32)
+    state = proposer.prefill(params, text, lengths, width + 8, feats)
+    pending = jnp.asarray(rng.integers(0, config.vocab_size, batch), jnp.int32)
+    keys = jax.random.split(jax.random.key(0), (batch, 2))
+    drafts = np.asarray(proposer.propose(params, state, pending, keys, S())[0].tokens)
+
+    def reference(embed):
+      out = []
+      for b in range(batch):
+        h, path = state.feature[b, 0], [int(pending[b])]
+        for k in range(2):
+          logits = heads.project(k, heads.state(k, h, embed(jnp.asarray(path))))
+          path.append(int(jnp.argmax(logits)))
+        out.append(path[1:])
+      return np.asarray(out)
+
+    np.testing.assert_array_equal(drafts, reference(target.embed_tokens))
+    raw = reference(lambda tokens: jnp.take(target.embed[...], tokens, axis=0))
+    self.assertFalse(np.array_equal(drafts, raw))
+
+
 def sibling_paths(tree: sj.Tree, parents: np.ndarray) -> np.ndarray:
   """The mutation: each parent's path taken from the LAST parent at its depth (a sibling's or
   cousin's path for every other parent, the rank-0 chain's included)."""

@@ -51,7 +51,7 @@ class HydraTree(StaticTree, MedusaProposer):
       # each parent's path as rows over [pending, nodes]: pending, then its ancestors and itself
       paths = np.array([[0] + [j + 1 for j in np.flatnonzero(tree.ancestor_mask[r - 1])]
                         if r else [0] for r in parents], np.int32)  # [P, d + 1]
-      embeds = jnp.take(target.embed[...], grow.tokens[:, paths], axis=0)  # [B, P, d + 1, E]
+      embeds = target.embed_tokens(grow.tokens[:, paths])  # [B, P, d + 1, E] (Gemma: scaled)
       h = jnp.broadcast_to(feature[:, None], embeds.shape[:2] + feature.shape[-1:])
       logits = heads.project(d, heads.state(d, h, embeds))  # [B, P, V]
       grow.add_children(d, logits, keys[:, d])

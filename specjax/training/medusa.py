@@ -146,7 +146,9 @@ def _consts(target, ids: np.ndarray) -> dict:
   local = jnp.full((target.config.vocab_size,), -1, jnp.int32).at[ids].set(
       jnp.arange(ids.shape[0], dtype=jnp.int32))
   return {"label_w": jnp.take(w, ids, axis=1).astype(jnp.float32), "ids": ids, "local": local,
-          "embed": jnp.asarray(target.embed[...], jnp.float32)}
+          # Hydra's path embeddings: the target's input embeddings (Gemma: times sqrt(hidden))
+          "embed": jnp.asarray(target.embed_tokens(jnp.arange(target.config.vocab_size)),
+                               jnp.float32)}
 
 
 def head_agreement(heads, graph, data: dict, consts: dict, spec: Spec) -> list[float]:
