@@ -78,7 +78,8 @@ def _method_label(e: dict) -> str:
   if e.get("rule"):
     return adaptive_label(e)
   return (e["method"] + (f" g={e['gamma']}" if e.get("gamma") is not None else "")
-          + (f" {e['tree']}" if e.get("tree") else ""))
+          + (f" {e['tree']}" if e.get("tree") else "")
+          + (" typical(LOSSY)" if e.get("verify") == "typical" else ""))
 
 
 def _temperatures(results: dict) -> list[float]:

@@ -611,6 +611,9 @@ class TreeRunTest(absltest.TestCase):
     self.assertEqual(runconfig.setting_label(hot), "medusa g=2 typical(LOSSY) T=1")
     self.assertEqual(runconfig.setting_label(cold), "medusa g=2 T=0")
     self.assertNotIn("verify", runconfig.setting(config, "eagle", 2, 1.0))
+    from experiments import report
+    self.assertEqual(report._method_label(hot), "medusa g=2 typical(LOSSY)")  # the tables' rows
+    self.assertEqual(report._method_label(cold), "medusa g=2")
 
   def test_draft_free_settings_get_the_cost_model(self):
     """Every draft-free setting: v = the measured pass over 1 + its guesses in target steps, and
