@@ -44,11 +44,12 @@ SMALL_TREE = sj.Tree.from_paths([(0,), (1,), (0, 0), (1, 0)])  # siblings' subtr
 
 
 def random_heads(config: sj.ModelConfig, seed: int, num_heads: int = 3, scale: float = 8.0,
-                 path_scale: float = 50.0):
+                 path_scale: float = 50.0, prefix_layer: bool = False):
   """Random heads, matrices x ``scale``; the rows reading the path's embeddings also x
   ``path_scale`` (the embeddings are ~50x smaller than the normed state: without it the path
-  would hardly move the laws, and a test could not tell a wrong path from the right one)."""
-  heads = init_hydra(config, num_heads, key=seed)
+  would hardly move the laws, and a test could not tell a wrong path from the right one).
+  ``prefix_layer``: with Hydra++'s prefix layer (its matrices x ``scale`` too)."""
+  heads = init_hydra(config, num_heads, key=seed, prefix_layer=prefix_layer)
   nnx.update(heads, jax.tree.map(lambda x: x * scale if x.ndim == 2 else x,
                                  nnx.state(heads, nnx.Param)))
   e = config.hidden_size
@@ -284,7 +285,7 @@ class LayoutTest(absltest.TestCase):
     with tempfile.TemporaryDirectory() as tmp:
       published(tmp, TF_CONFIG, 1, 1)
       with open(os.path.join(tmp, "config.json"), "w") as f:
-        json.dump({"hydra_num_heads": 1, "hydra_head_arch": "prefix-mlp"}, f)
+        json.dump({"hydra_num_heads": 1, "hydra_head_arch": "cross-attention"}, f)
       with self.assertRaisesRegex(ValueError, "only the grounded MLP heads"):
         sj.load_head(tmp)
 

@@ -256,4 +256,5 @@ class Hydra(Medusa):
     graphs, params = head_graphs(self.heads, target)
     tree = self.tree if self.tree is not None else Tree.chains(num=1, depth=self.gamma)
     children = self.children or ("top_k" if self.verify == "typical" else "sampled")
-    return HydraTree(**graphs, tree=tree, children=children, typical=self.typical), params
+    return HydraTree(**graphs, tree=tree, children=children, typical=self.typical,
+                     prefix=self.heads.has_prefix), params
