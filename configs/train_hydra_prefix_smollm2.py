@@ -1,4 +1,4 @@
-r"""Hydra++ heads for SmolLM2-135M-Instruct (Ankner et al. 2024, arXiv 2402.05109, §4: the
+r"""Hydra++ heads for SmolLM2-135M-Instruct (Ankner et al. 2024, arXiv 2402.05109, Hydra++: the
 Hydra repository's ``prefix-mlp`` heads): configs/train_hydra_smollm2.py's heads, data, steps and
 loss, plus the prefix layer, one more SmolLM2 decoder layer run causally over SmolLM2's normed
 states (teacher-forced over each cached row), whose output replaces the state in every head's

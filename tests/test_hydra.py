@@ -208,20 +208,26 @@ class SiblingLawTree(hydra_lib.HydraTree):
     return _grow(self, params, state, pending, keys, sampling, wrong_draw=False, wrong_q=True)
 
 
+def check_tree_law(test: absltest.TestCase, heads, name: str) -> None:
+  """The law harness on a sampled ``SMALL_TREE`` of ``heads``: the clean run passes (every
+  accepted length seen), the sibling's-law mutant fails."""
+  method = sj.Hydra(heads, tree=SMALL_TREE)
+  run = lambda name: lawcheck.check_law(
+      law_transformer(), method, S(1.0), [(3, 1, 4, 1, 5)], SMALL_TREE.max_depth + 3,
+      seed=_seed(name), exact_law=lawcheck.transformer_law)
+  clean = run(name)
+  test.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
+  counts = np.asarray(clean.out.stats.accepted_length_counts)
+  test.assertTrue(np.all(counts > 0), msg=str(counts))
+  with patched(((head_methods, "HydraTree", SiblingLawTree),)):
+    mutant = run(name.replace("tree", "sibling_law"))
+  test.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
+
+
 class LawTest(absltest.TestCase):
 
   def test_sampled_tree_and_a_siblings_law(self):
-    method = sj.Hydra(random_heads(LAW_CONFIG, 3, num_heads=2), tree=SMALL_TREE)
-    run = lambda name: lawcheck.check_law(
-        law_transformer(), method, S(1.0), [(3, 1, 4, 1, 5)], SMALL_TREE.max_depth + 3,
-        seed=_seed(name), exact_law=lawcheck.transformer_law)
-    clean = run("hydra_tree")
-    self.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
-    counts = np.asarray(clean.out.stats.accepted_length_counts)
-    self.assertTrue(np.all(counts > 0), msg=str(counts))
-    with patched(((head_methods, "HydraTree", SiblingLawTree),)):
-      mutant = run("hydra_sibling_law")
-    self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
+    check_tree_law(self, random_heads(LAW_CONFIG, 3, num_heads=2), "hydra_tree")
 
 
 def published(path: str, config: sj.ModelConfig, heads: int, layers: int) -> dict:

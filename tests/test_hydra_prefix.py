@@ -2,8 +2,8 @@
 2402.05109, the Hydra repository's ``HydraPrefixMLP``) through ``sj.Hydra``: greedy exactness
 for a chain and a tree on ragged rows, the proposer driven by hand against a from-scratch
 reference (the prefix layer over the whole committed prefix, then the heads) with a stale-cache
-mutant it rejects, the repository's ``prefix-mlp`` layout both ways against a NumPy forward,
-and training."""
+mutant it rejects, the law harness on a sampled tree (slow), the repository's ``prefix-mlp``
+layout both ways against a NumPy forward, and training."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest, parameterized
 
 import specjax as sj
@@ -25,14 +26,14 @@ from specjax.proposers.base import Outcome
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests import test_train_eagle
-  from tests.test_hydra import TREE, numpy_hydra, published, random_heads
-  from tests.test_laws import patched
+  from tests.test_hydra import TREE, check_tree_law, numpy_hydra, published, random_heads
+  from tests.test_laws import LAW_CONFIG, patched
   from tests.test_speculative import (GPT2_CONFIG, GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG,
                                       greedy_reference, random_transformer)
 except ImportError:  # pragma: no cover
   import test_train_eagle
-  from test_hydra import TREE, numpy_hydra, published, random_heads
-  from test_laws import patched
+  from test_hydra import TREE, check_tree_law, numpy_hydra, published, random_heads
+  from test_laws import LAW_CONFIG, patched
   from test_speculative import (GPT2_CONFIG, GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG,
                                 greedy_reference, random_transformer)
 
@@ -146,6 +147,15 @@ class ProposerTest(absltest.TestCase):
     self.assertLess(self.max_error(target, heads), 1e-4)
     with patched(((head_methods, "HydraTree", StaleCacheTree),)):
       self.assertGreater(self.max_error(target, heads), 1e-2)
+
+
+class LawTest(absltest.TestCase):
+
+  @pytest.mark.slow  # ~1.5 min law run (test_hydra.py's LawTest runs by default)
+  def test_sampled_tree_and_a_siblings_law(self):
+    """The law harness through the prefix state (its mutant: a sibling's path's law)."""
+    check_tree_law(self, random_heads(LAW_CONFIG, 3, num_heads=2, prefix_layer=True),
+                   "hydra_prefix_tree")
 
 
 def numpy_prefix(tensors: dict, config: sj.ModelConfig, x: np.ndarray) -> np.ndarray:

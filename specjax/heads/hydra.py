@@ -17,7 +17,7 @@ The released layout: ``hydra_lm_head.pt`` (or ``.safetensors``), the state dict 
 ``config.json`` with ``hydra_num_heads``, ``hydra_num_layers``, ``hydra_head_arch`` ("mlp")
 and ``grounded_heads`` (true).
 
-Hydra++'s prefix layer (the paper's §4 "PrefixMLP"; the repository's ``HydraPrefixMLP``,
+Hydra++'s prefix layer (the paper's Hydra++ heads; the repository's ``HydraPrefixMLP``,
 ``hydra/model/hydra_heads/prefix_mlp_head.py``, ``hydra_head_arch: "prefix-mlp"``): one more
 decoder layer of the target's architecture and its own final RMSNorm (a one-layer
 ``LlamaModel`` fed the target's normed states as ``inputs_embeds``) runs causally over the
@@ -41,7 +41,8 @@ from flax import nnx
 from specjax.heads.eagle import decoder_pass
 from specjax.models.config import ModelConfig, rope_inverse_frequencies
 from specjax.models.hf_config import from_hf_dict, to_hf_dict
-from specjax.models.hf_layout import COPY, Entry, _iter_hf_tensors, fill_from_hf, linear, llama_layer
+from specjax.models.hf_layout import (COPY, Entry, _iter_hf_tensors, fill_from_hf, linear,
+                                      llama_layer)
 from specjax.models.kv_cache import KVCache
 from specjax.models.transformer import NORMED, Block, Dense, Norm
 

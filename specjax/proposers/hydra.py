@@ -9,7 +9,7 @@ draws them (sampled without replacement from that law and verified by the recurs
 top-k with the one-hot rule §4, or i.i.d.), all exact; a chain is the one-path tree. One pass of
 the heads per level: ``depth`` small passes an iteration, no draft model and no cache.
 
-With Hydra++'s prefix layer (``HydraHead.has_prefix``; paper §4, the repository's
+With Hydra++'s prefix layer (``HydraHead.has_prefix``; the paper's Hydra++, the repository's
 ``HydraPrefixMLP``) the state is ``PrefixState``: the layer's own KV cache over every committed
 position's target state (entry t: position t, committed = the target's) and its output at the
 position that produced ``pending``, which the heads read in place of ``h``. Prefill runs it over
