@@ -61,6 +61,7 @@ def base_config():
       mtp_modules=1,           # MTP: DeepSeek's sequential modules (> 1: an MTPStack, its D
                                # modules trained as the D steps of its loss)
       medusa_heads=4,          # Medusa / Hydra: heads (head k guesses the token k + 2 ahead)
+      prefix_layer=False,      # Hydra: Hydra++'s prefix layer (a decoder layer over the states)
       own_lm_head=False,       # Medusa: a projection per head (the released layout) or the
                                # target's LM head, shared (no [E, V] per head to train)
       draft_vocab=8192,        # EAGLE-3: the most frequent answer ids (0: the whole vocabulary)
@@ -178,7 +179,7 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
                              bool(e.own_lm_head), int(e.train.seed), bool(e.init_from_target))
   elif kind == "hydra":
     head = init_hydra_heads(target, int(e.medusa_heads), int(e.num_layers), int(e.train.seed),
-                            bool(e.init_from_target))
+                            bool(e.init_from_target), bool(e.prefix_layer))
   else:
     head = init_eagle_head(target, kind, ids, key=int(e.train.seed),
                            num_layers=int(e.num_layers), from_target=bool(e.init_from_target),
@@ -211,7 +212,8 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
       log(f"{kind}: held-out {name} prompts, greedy acceptance per position at gamma "
           f"{acc['gamma']}: " + " ".join(f"{a:.3f}" for a in acc["per_position"]))
     seconds["acceptance"] = time.time() - t1
-    sj.save_head(head, out_dir / "head")
+    # Hydra++'s file carries the target's embedding for the repository's strict load
+    sj.save_head(head, out_dir / "head", target=target if kind == "hydra" else None)
   seconds["total"] = time.time() - t0
   (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=1, default=float))
   return report

@@ -44,11 +44,12 @@ SMALL_TREE = sj.Tree.from_paths([(0,), (1,), (0, 0), (1, 0)])  # siblings' subtr
 
 
 def random_heads(config: sj.ModelConfig, seed: int, num_heads: int = 3, scale: float = 8.0,
-                 path_scale: float = 50.0):
+                 path_scale: float = 50.0, prefix_layer: bool = False):
   """Random heads, matrices x ``scale``; the rows reading the path's embeddings also x
   ``path_scale`` (the embeddings are ~50x smaller than the normed state: without it the path
-  would hardly move the laws, and a test could not tell a wrong path from the right one)."""
-  heads = init_hydra(config, num_heads, key=seed)
+  would hardly move the laws, and a test could not tell a wrong path from the right one).
+  ``prefix_layer``: with Hydra++'s prefix layer (its matrices x ``scale`` too)."""
+  heads = init_hydra(config, num_heads, key=seed, prefix_layer=prefix_layer)
   nnx.update(heads, jax.tree.map(lambda x: x * scale if x.ndim == 2 else x,
                                  nnx.state(heads, nnx.Param)))
   e = config.hidden_size
@@ -207,20 +208,26 @@ class SiblingLawTree(hydra_lib.HydraTree):
     return _grow(self, params, state, pending, keys, sampling, wrong_draw=False, wrong_q=True)
 
 
+def check_tree_law(test: absltest.TestCase, heads, name: str) -> None:
+  """The law harness on a sampled ``SMALL_TREE`` of ``heads``: the clean run passes (every
+  accepted length seen), the sibling's-law mutant fails."""
+  method = sj.Hydra(heads, tree=SMALL_TREE)
+  run = lambda name: lawcheck.check_law(
+      law_transformer(), method, S(1.0), [(3, 1, 4, 1, 5)], SMALL_TREE.max_depth + 3,
+      seed=_seed(name), exact_law=lawcheck.transformer_law)
+  clean = run(name)
+  test.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
+  counts = np.asarray(clean.out.stats.accepted_length_counts)
+  test.assertTrue(np.all(counts > 0), msg=str(counts))
+  with patched(((head_methods, "HydraTree", SiblingLawTree),)):
+    mutant = run(name.replace("tree", "sibling_law"))
+  test.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
+
+
 class LawTest(absltest.TestCase):
 
   def test_sampled_tree_and_a_siblings_law(self):
-    method = sj.Hydra(random_heads(LAW_CONFIG, 3, num_heads=2), tree=SMALL_TREE)
-    run = lambda name: lawcheck.check_law(
-        law_transformer(), method, S(1.0), [(3, 1, 4, 1, 5)], SMALL_TREE.max_depth + 3,
-        seed=_seed(name), exact_law=lawcheck.transformer_law)
-    clean = run("hydra_tree")
-    self.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
-    counts = np.asarray(clean.out.stats.accepted_length_counts)
-    self.assertTrue(np.all(counts > 0), msg=str(counts))
-    with patched(((head_methods, "HydraTree", SiblingLawTree),)):
-      mutant = run("hydra_sibling_law")
-    self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
+    check_tree_law(self, random_heads(LAW_CONFIG, 3, num_heads=2), "hydra_tree")
 
 
 def published(path: str, config: sj.ModelConfig, heads: int, layers: int) -> dict:
@@ -284,7 +291,7 @@ class LayoutTest(absltest.TestCase):
     with tempfile.TemporaryDirectory() as tmp:
       published(tmp, TF_CONFIG, 1, 1)
       with open(os.path.join(tmp, "config.json"), "w") as f:
-        json.dump({"hydra_num_heads": 1, "hydra_head_arch": "prefix-mlp"}, f)
+        json.dump({"hydra_num_heads": 1, "hydra_head_arch": "cross-attention"}, f)
       with self.assertRaisesRegex(ValueError, "only the grounded MLP heads"):
         sj.load_head(tmp)
 

@@ -246,7 +246,9 @@ class Hydra(Medusa):
   ``gamma`` (a chain of the first ``gamma`` heads, each drawn given the ones before) or a static
   ``tree`` whose children at depth ``d`` come from head ``d`` given their parent's path,
   ``children``, and the lossy ``verify="typical"`` option. Drafting costs one small pass of a
-  head per depth."""
+  head per depth; heads with Hydra++'s prefix layer (``init_hydra(prefix_layer=True)``, the
+  repository's ``prefix-mlp`` files) add one pass of that layer per iteration over the accepted
+  positions (``proposers.hydra``)."""
 
   heads: HydraHead
   name = "hydra"
@@ -256,4 +258,5 @@ class Hydra(Medusa):
     graphs, params = head_graphs(self.heads, target)
     tree = self.tree if self.tree is not None else Tree.chains(num=1, depth=self.gamma)
     children = self.children or ("top_k" if self.verify == "typical" else "sampled")
-    return HydraTree(**graphs, tree=tree, children=children, typical=self.typical), params
+    return HydraTree(**graphs, tree=tree, children=children, typical=self.typical,
+                     prefix=self.heads.has_prefix), params

@@ -50,17 +50,8 @@ class EagleHead(nnx.Module):
                tree_mask=None, depths=None) -> tuple[jax.Array, KVCache]:
     """Predicted features [B, T, E] of T new (token embedding [B, T, E], feature [B, T, E])
     pairs, written into ``cache`` like ``Transformer.__call__`` writes tokens (same masks)."""
-    positions, masks, write = attention_layout(self.config, embeds.shape[:2], cache, tree_mask,
-                                               depths)
-    (mask,) = masks.values()  # a Llama-family head: one layer kind
     x = self.fc(self.fc_input(embeds, features.astype(embeds.dtype)))
-    rope = rotary(self.inv_freq[...], positions, x.dtype)
-    new_k, new_v = [], []
-    for i, layer in enumerate(self.layers):
-      x, k, v = layer(x, rope, cache.k[i], cache.v[i], write, mask)
-      new_k.append(k)
-      new_v.append(v)
-    return x, cache.replace(k=tuple(new_k), v=tuple(new_v))
+    return decoder_pass(self.config, self.layers, self.inv_freq[...], x, cache, tree_mask, depths)
 
   def fc_input(self, embeds: jax.Array, features: jax.Array) -> jax.Array:
     """[..., 2E] what ``fc`` mixes: ``[embedding ; feature]`` (``MTPHead`` normalises both)."""
@@ -80,6 +71,23 @@ class EagleHead(nnx.Module):
   def draft_logits(self, hidden: jax.Array, target) -> jax.Array:
     """float32[..., V] draft logits of the head's predicted features: the target's LM head."""
     return target.project(hidden)
+
+
+def decoder_pass(config: ModelConfig, layers, inv_freq: jax.Array, x: jax.Array, cache: KVCache,
+                 tree_mask=None, depths=None) -> tuple[jax.Array, KVCache]:
+  """``layers`` (Llama-family ``Block``s) over T new inputs ``x`` [B, T, E] after the cache's
+  committed entries, written into ``cache`` like ``Transformer.__call__`` writes tokens (same
+  masks and positions): what every head with its own decoder layers and KV cache runs (EAGLE's,
+  Hydra++'s prefix layer)."""
+  positions, masks, write = attention_layout(config, x.shape[:2], cache, tree_mask, depths)
+  (mask,) = masks.values()  # a Llama-family head: one layer kind
+  rope = rotary(inv_freq, positions, x.dtype)
+  new_k, new_v = [], []
+  for i, layer in enumerate(layers):
+    x, k, v = layer(x, rope, cache.k[i], cache.v[i], write, mask)
+    new_k.append(k)
+    new_v.append(v)
+  return x, cache.replace(k=tuple(new_k), v=tuple(new_v))
 
 
 def head_config(target_config: ModelConfig, num_layers: int = 1) -> ModelConfig:

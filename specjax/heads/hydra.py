@@ -16,6 +16,17 @@ The released layout: ``hydra_lm_head.pt`` (or ``.safetensors``), the state dict 
 ``hydra_mlp.{k}.{j}.linear.*`` (j >= 1) and ``hydra_lm_head.{k}.weight`` / ``.bias``; and
 ``config.json`` with ``hydra_num_heads``, ``hydra_num_layers``, ``hydra_head_arch`` ("mlp")
 and ``grounded_heads`` (true).
+
+Hydra++'s prefix layer (the paper's Hydra++ heads; the repository's ``HydraPrefixMLP``,
+``hydra/model/hydra_heads/prefix_mlp_head.py``, ``hydra_head_arch: "prefix-mlp"``): one more
+decoder layer of the target's architecture and its own final RMSNorm (a one-layer
+``LlamaModel`` fed the target's normed states as ``inputs_embeds``) runs causally over the
+whole sequence with its own KV cache; its output at the position of ``h`` replaces ``h`` in
+every head's input. Its tensors: ``prefix_embeding_layer.layers.0.*`` (a Llama layer's names),
+``prefix_embeding_layer.norm.weight`` and the unused ``prefix_embeding_layer.embed_tokens.weight``
+(read and dropped; written from the target so the repository's strict load finds it).
+``config.json`` then also carries the layer's config (``prefix_layer_config``, a Llama
+``config.json`` dict), which the repository's files lack: ``load_head(target_config=)`` gives it.
 """
 
 from __future__ import annotations
@@ -24,12 +35,20 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from specjax.models.hf_layout import _iter_hf_tensors, fill_from_hf, linear
-from specjax.models.transformer import NORMED, Dense
+from specjax.heads.eagle import decoder_pass
+from specjax.models.config import ModelConfig, rope_inverse_frequencies
+from specjax.models.hf_config import from_hf_dict, to_hf_dict
+from specjax.models.hf_layout import (COPY, Entry, _iter_hf_tensors, fill_from_hf, linear,
+                                      llama_layer)
+from specjax.models.kv_cache import KVCache
+from specjax.models.transformer import NORMED, Block, Dense, Norm
 
 HYDRA_FILE = "hydra_lm_head"  # .safetensors, or .pt (pickled; torch.load(weights_only=True))
+PREFIX = "prefix_embeding_layer."  # sic: the repository's spelling
+PREFIX_EMBED = PREFIX + "embed_tokens.weight"  # the repository's unused embedding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +58,26 @@ class HydraConfig:
   num_heads: int  # K: head k guesses the token k + 2 after the state's position
   num_layers: int = 1  # residual blocks per head (the first one conditioned on the path)
   dtype: str = "float32"
+  prefix: ModelConfig | None = None  # Hydra++'s prefix layer: its one-layer decoder's config
 
   def __post_init__(self):
     for name in ("hidden_size", "vocab_size", "num_heads", "num_layers"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"Hydra {name} must be an integer >= 1, got {value!r}")
+    p = self.prefix
+    if p is not None and not p.is_llama_family:
+      raise ValueError(f"Hydra++'s prefix layer is a Llama-family decoder layer, got model_type "
+                       f"{p.model_type!r}")
+    if p is not None and (p.num_layers, p.hidden_size) != (1, self.hidden_size):
+      raise ValueError(f"the prefix layer's config must have 1 layer of width "
+                       f"{self.hidden_size}, got {p.num_layers} of {p.hidden_size}")
+
+
+def prefix_config(target_config: ModelConfig, dtype: str) -> ModelConfig:
+  """The prefix layer's config: the target's decoder, one layer (the repository's
+  ``deepcopy(base_config)`` with ``num_hidden_layers = 1``)."""
+  return dataclasses.replace(target_config, num_layers=1, tie_word_embeddings=False, dtype=dtype)
 
 
 class HydraHead(nnx.Module):
@@ -64,6 +97,21 @@ class HydraHead(nnx.Module):
         for _ in range(config.num_heads)])
     self.lm_heads = nnx.List([Dense(rngs, e, v, ("embed", "vocab"), True, dtype)
                               for _ in range(config.num_heads)])
+    if config.prefix is not None:  # absent otherwise: plain heads' graph is unchanged
+      self.prefix = nnx.List([Block(config.prefix, rngs, dtype)])
+      self.prefix_norm = Norm(config.prefix, dtype)
+      self.inv_freq = nnx.Variable(jnp.asarray(rope_inverse_frequencies(config.prefix)))
+
+  @property
+  def has_prefix(self) -> bool:
+    return self.config.prefix is not None
+
+  def prefix_pass(self, features: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+    """(the prefix layer's outputs [B, T, E], cache) over T new normed target states [B, T, E]
+    at the cache's committed lengths on (causal, positions = slots: entry t is position t)."""
+    x = features.astype(jnp.dtype(self.config.dtype))
+    x, cache = decoder_pass(self.config.prefix, self.prefix, self.inv_freq[...], x, cache)
+    return self.prefix_norm(x), cache
 
   @property
   def num_heads(self) -> int:
@@ -94,10 +142,12 @@ class HydraHead(nnx.Module):
 
 
 def init_hydra(target_config, num_heads: int = 4, num_layers: int = 1, key: int = 0,
-               dtype: str = "float32") -> HydraHead:
-  """Untrained heads for a target of ``target_config`` (normal(0.02) weights)."""
+               dtype: str = "float32", prefix_layer: bool = False) -> HydraHead:
+  """Untrained heads for a target of ``target_config`` (normal(0.02) weights; ``prefix_layer``:
+  with Hydra++'s prefix layer, norms at 1)."""
+  prefix = prefix_config(target_config, dtype) if prefix_layer else None
   config = HydraConfig(target_config.hidden_size, target_config.vocab_size, num_heads,
-                       num_layers, dtype)
+                       num_layers, dtype, prefix)
   return HydraHead(config, nnx.Rngs(params=key))
 
 
@@ -117,7 +167,26 @@ def start_hydra_from_target(head: HydraHead, target) -> HydraHead:
     res.bias[...] = jnp.zeros_like(res.bias[...])
     head.lm_heads[k].kernel[...] = w.astype(head.lm_heads[k].kernel.dtype)
     head.lm_heads[k].bias[...] = jnp.zeros_like(head.lm_heads[k].bias[...])
+  if head.has_prefix:
+    start_prefix_from_target(head, target)
   return head
+
+
+def start_prefix_from_target(head: HydraHead, target) -> None:
+  """The prefix layer as a copy of the target's last decoder layer with its output projections
+  (attention ``o``, MLP ``down``) zero and its norm at 1 (our choice; we found no initialisation
+  in the repository's head code): it then starts as ``h / rms(h)``, so the heads start as plain
+  Hydra's up to a positive per-position scale (the same greedy guesses), and the copied
+  q/k/v/gate/up give the output projections a trained start."""
+  layer = head.prefix[0]
+  nnx.update(layer, jax.tree.map(lambda x: x.astype(jnp.dtype(head.config.dtype)),
+                                 nnx.state(target.layers[-1], nnx.Param)))
+  for dense in (layer.attn.o, layer.mlp.down):
+    for name in ("kernel", "bias"):
+      param = getattr(dense, name, None)
+      if param is not None:
+        param[...] = jnp.zeros_like(param[...])
+  head.prefix_norm.scale[...] = jnp.ones_like(head.prefix_norm.scale[...])
 
 
 def hydra_layout(config: HydraConfig) -> list:
@@ -129,6 +198,9 @@ def hydra_layout(config: HydraConfig) -> list:
     for j in range(1, config.num_layers):
       table += linear(f"hydra_mlp.{k}.{j}.linear", ("blocks", k, j - 1), True)
     table += linear(f"hydra_lm_head.{k}", ("lm_heads", k), True)
+  if config.prefix is not None:
+    table += llama_layer(config.prefix, PREFIX + "layers.0.", ("prefix", 0))
+    table.append(Entry(PREFIX + "norm.weight", COPY, (("prefix_norm", "scale"),)))
   return table
 
 
@@ -136,28 +208,53 @@ def is_hydra_config(hf: dict) -> bool:
   return "hydra_num_heads" in hf
 
 
-def load_hydra(hf: dict, tensors: dict, source: str, dtype: str | None = None) -> HydraHead:
-  """Hydra heads from config.json's dict ``hf`` and the file's ``tensors``."""
+ARCHS = ("mlp", "prefix-mlp")  # hydra_head_arch values read: plain heads, Hydra++'s
+
+
+def load_hydra(hf: dict, tensors: dict, source: str, dtype: str | None = None,
+               target_config: ModelConfig | None = None) -> HydraHead:
+  """Hydra heads from config.json's dict ``hf`` and the file's ``tensors`` (``target_config``:
+  the prefix layer's decoder when config.json has no ``prefix_layer_config``)."""
   arch, grounded = hf.get("hydra_head_arch", "mlp"), hf.get("grounded_heads", True)
-  if arch != "mlp" or not grounded:
+  if arch not in ARCHS or not grounded:
     raise ValueError(f"{source}: hydra_head_arch={arch!r}, grounded_heads={grounded!r}: only "
-                     f"the grounded MLP heads (Hydra proper) are supported")
+                     f"the grounded MLP heads (Hydra proper, {' or '.join(ARCHS)}) are supported")
   k, layers = hf.get("hydra_num_heads"), hf.get("hydra_num_layers", 1)
   projection = tensors.get("hydra_lm_head.0.weight")
   if projection is None:
     raise ValueError(f"{source}: no 'hydra_lm_head.0.weight' in the file: not Hydra heads")
-  config = HydraConfig(int(projection.shape[1]), int(projection.shape[0]), k, layers,
-                       dtype or hf.get("torch_dtype") or "float32")
-  what = f"{k} Hydra heads with {layers} block(s) each"
+  dtype = dtype or hf.get("torch_dtype") or "float32"
+  prefix = None
+  if arch == "prefix-mlp":
+    if "prefix_layer_config" in hf:
+      target_config = from_hf_dict(hf["prefix_layer_config"])
+    if target_config is None:
+      raise ValueError(f"{source}: a prefix-mlp head needs the base model's config: config.json "
+                       f"has no prefix_layer_config, pass load_head(target_config=)")
+    prefix = prefix_config(target_config, dtype)
+  config = HydraConfig(int(projection.shape[1]), int(projection.shape[0]), k, layers, dtype,
+                       prefix)
+  what = f"{k} Hydra heads with {layers} block(s) each" + (" and a prefix layer" if prefix
+                                                            else "")
+  derived = {} if prefix is None else {("inv_freq",): jnp.asarray(rope_inverse_frequencies(prefix))}
+  stored = {name: name for name in tensors if not (prefix and name == PREFIX_EMBED)}
   return fill_from_hf(lambda: HydraHead(config, nnx.Rngs(0)), hydra_layout(config), tensors,
-                      {name: name for name in tensors}, source, jnp.dtype(config.dtype),
-                      missing_note=f"of {what}", unexpected_note=f"not in {what}")
+                      stored, source, jnp.dtype(config.dtype), missing_note=f"of {what}",
+                      unexpected_note=f"not in {what}", derived=derived)
 
 
-def hydra_files(head: HydraHead, base_model: str = "") -> tuple[dict, dict]:
-  """(config.json's dict, the tensors by name) of ``head`` in the released layout."""
+def hydra_files(head: HydraHead, base_model: str = "", target=None) -> tuple[dict, dict]:
+  """(config.json's dict, the tensors by name) of ``head`` in the released layout (with a
+  prefix layer: ``prefix_layer_config``, and ``target``'s embedding as the repository's unused
+  ``prefix_embeding_layer.embed_tokens.weight``, zeros without a target)."""
   c = head.config
   hf = {"hydra_num_heads": c.num_heads, "hydra_num_layers": c.num_layers,
         "hydra_head_arch": "mlp", "grounded_heads": True, "base_model_name_or_path": base_model,
         "hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "torch_dtype": c.dtype}
-  return hf, dict(_iter_hf_tensors(head, hydra_layout(c)))
+  tensors = dict(_iter_hf_tensors(head, hydra_layout(c)))
+  if c.prefix is not None:
+    hf.update(hydra_head_arch="prefix-mlp", prefix_layer_config=to_hf_dict(c.prefix))
+    embed = (np.zeros((c.vocab_size, c.hidden_size), np.float32) if target is None
+             else np.asarray(target.embed.get_value()))
+    tensors[PREFIX_EMBED] = embed.astype(next(iter(tensors.values())).dtype)
+  return hf, tensors

@@ -105,13 +105,14 @@ def _read_tensors(path: str, safetensors_name: str = SAFETENSORS_NAME,
   return read_pickled(pickled)
 
 
-def load_head(path: str | os.PathLike, dtype: str | None = None
-              ) -> EagleHead | Eagle3Head | MedusaHead:
+def load_head(path: str | os.PathLike, dtype: str | None = None,
+              target_config: ModelConfig | None = None) -> EagleHead | Eagle3Head | MedusaHead:
   """The EAGLE-1/2, EAGLE-3, Medusa or Hydra head(s) or the MTP module(s) (``MTPStack`` when
   ``num_nextn_predict_layers > 1``) in directory ``path``
   (the published layouts above; Medusa's, Hydra's and MTP's: ``specjax.heads.medusa`` /
   ``hydra`` / ``mtp``), told apart by config.json (``num_nextn_predict_layers``: MTP) and the
-  tensors."""
+  tensors. ``target_config``: the target's, for a Hydra++ prefix layer whose config.json lacks
+  its config (the Hydra repository's files)."""
   path = os.fspath(path)
   config_file = os.path.join(path, CONFIG_NAME)
   if not os.path.isfile(config_file):
@@ -122,10 +123,12 @@ def load_head(path: str | os.PathLike, dtype: str | None = None
     hf = json.load(f)
   if is_mtp_config(hf):
     return load_mtp(hf, path, SAFETENSORS_NAME, dtype)
-  for is_kind, name, load in ((is_medusa_config, MEDUSA_FILE, load_medusa),
-                               (is_hydra_config, HYDRA_FILE, load_hydra)):
-    if is_kind(hf):
-      return load(hf, _read_tensors(path, f"{name}.safetensors", f"{name}.pt"), path, dtype)
+  if is_hydra_config(hf):
+    return load_hydra(hf, _read_tensors(path, f"{HYDRA_FILE}.safetensors", f"{HYDRA_FILE}.pt"),
+                      path, dtype, target_config)
+  if is_medusa_config(hf):
+    return load_medusa(hf, _read_tensors(path, f"{MEDUSA_FILE}.safetensors",
+                                         f"{MEDUSA_FILE}.pt"), path, dtype)
   config = from_hf_dict({"model_type": "llama", **hf}, dtype=dtype)
   if hf.get("qkv_bias"):
     config = dataclasses.replace(config, attention_bias=True, attention_out_bias=False)
@@ -252,11 +255,12 @@ def save_head(head: EagleHead | Eagle3Head | MedusaHead, path: str | os.PathLike
     _write_head(path, *mtp_files(head, None if embed is None else embed.get_value()),
                 SAFETENSORS_NAME)
     return
-  for kind, files, name in ((MedusaHead, medusa_files, MEDUSA_FILE),
-                            (HydraHead, hydra_files, HYDRA_FILE)):
-    if isinstance(head, kind):
-      _write_head(path, *files(head), f"{name}.safetensors")
-      return
+  if isinstance(head, HydraHead):  # a prefix layer's file carries target's embedding
+    _write_head(path, *hydra_files(head, target=target), f"{HYDRA_FILE}.safetensors")
+    return
+  if isinstance(head, MedusaHead):
+    _write_head(path, *medusa_files(head), f"{MEDUSA_FILE}.safetensors")
+    return
   config = head.config if isinstance(head, (EagleHead, Eagle3Head)) else None
   if config is None:
     raise ValueError(f"head must be an EAGLE-1/2, EAGLE-3, Medusa or Hydra head, got "

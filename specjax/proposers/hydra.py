@@ -8,6 +8,15 @@ get different laws (Hydra's sequential dependence, what Medusa lacks). ``draft_t
 draws them (sampled without replacement from that law and verified by the recursive rule §5,
 top-k with the one-hot rule §4, or i.i.d.), all exact; a chain is the one-path tree. One pass of
 the heads per level: ``depth`` small passes an iteration, no draft model and no cache.
+
+With Hydra++'s prefix layer (``HydraHead.has_prefix``; the paper's Hydra++, the repository's
+``HydraPrefixMLP``) the state is ``PrefixState``: the layer's own KV cache over every committed
+position's target state (entry t: position t, committed = the target's) and its output at the
+position that produced ``pending``, which the heads read in place of ``h``. Prefill runs it over
+the prompt's states; ``commit`` over the ones this iteration made true (``pending``'s and the
+accepted path's, ``Outcome.features``, padded to ``depth + 1``; the pads land past the
+committed length), keeping the output at the last accepted one. One prefix pass at prefill and
+one per iteration, counted as draft calls.
 """
 
 from __future__ import annotations
@@ -15,13 +24,32 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import flax.struct
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax.models.kv_cache import KVCache, init_cache
+from specjax.proposers.base import Outcome
 from specjax.proposers.draft_tree import Growth, StaticTree
 from specjax.proposers.medusa import MedusaProposer
 from specjax.trees import Tree
+
+
+@flax.struct.dataclass
+class PrefixState:
+  feature: jax.Array  # [B, 1, E] the prefix layer's output where ``pending`` was produced
+  cache: KVCache  # the prefix layer's; committed lengths = the target's
+
+
+def accepted_features(outcome: Outcome) -> jax.Array:
+  """[B, D + 1, F, E] the target's states this iteration committed: ``pending``'s, then the
+  accepted path's nodes (rows past ``num_accepted`` are padding: the pending row again)."""
+  o = outcome
+  rows = jnp.concatenate([jnp.zeros_like(o.path[:, :1]), 1 + jnp.maximum(o.path, 0)], axis=1)
+  rows = jnp.where(jnp.arange(rows.shape[1])[None] <= o.num_accepted[:, None], rows, 0)
+  return jnp.take_along_axis(o.features, rows[:, :, None, None], axis=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +63,36 @@ class HydraTree(StaticTree, MedusaProposer):
   children: str = "sampled"
   typical: Any = None
 
+  prefix: bool = False  # the heads have Hydra++'s prefix layer (static)
+
   @property
   def draft_calls_per_iteration(self) -> int:
-    return self.tree.max_depth
+    return self.tree.max_depth + self.prefix
+
+  @property
+  def prefill_draft_calls(self) -> int:
+    return int(self.prefix)
+
+  def prefill(self, params, prompt, prompt_lengths, cache_length, features):
+    if not self.prefix:
+      return super().prefill(params, prompt, prompt_lengths, cache_length, features)
+    heads = nnx.merge(self.head_graphdef, params[0])
+    cache = init_cache(heads.config.prefix, prompt.shape[0], cache_length)
+    out, cache = heads.prefix_pass(features[:, :, 0], cache)
+    last = out[jnp.arange(out.shape[0]), prompt_lengths - 1]
+    return PrefixState(feature=last[:, None], cache=cache.with_lengths(prompt_lengths))
+
+  def commit(self, params, state, candidates, outcome):
+    if not self.prefix:
+      return super().commit(params, state, candidates, outcome)
+    o = outcome
+    heads = nnx.merge(self.head_graphdef, params[0])
+    # the pass writes at the committed lengths: the target's before this iteration (live rows)
+    out, cache = heads.prefix_pass(accepted_features(o)[:, :, 0], state.cache)
+    last = out[jnp.arange(out.shape[0]), o.num_accepted][:, None].astype(state.feature.dtype)
+    lengths = jnp.where(o.active, cache.lengths + o.num_accepted + 1, cache.lengths)
+    return PrefixState(feature=jnp.where(o.active[:, None, None], last, state.feature),
+                       cache=cache.with_lengths(lengths))
 
   def propose(self, params, state, pending, keys, sampling):
     head_state, target_state = params

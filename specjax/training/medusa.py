@@ -19,6 +19,11 @@ text makes the same argmax), or ``labels="hard"``: the row's next token itself. 
 tokens (``mask``) count. ``loss_vocab`` > 0 restricts the CE to that many most frequent answer
 ids (cheaper steps, drafting still uses every id). Initialisation: the repository's (identity
 blocks, projections copied from the target's LM head), ``start_from_target``.
+
+Hydra++'s prefix layer (``init_hydra_heads(prefix_layer=True)``): the layer runs causally over
+each row's cached normed states (teacher forcing: the whole row at once, as the repository's
+training does) and its output at ``t`` is the heads' state there; the soft labels stay the
+target's own law.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from flax import nnx
 
 from specjax.heads.hydra import HydraHead, init_hydra, start_hydra_from_target
 from specjax.heads.medusa import init_medusa, start_from_target
+from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import NORMED
 from specjax.training.eagle_data import draft_vocabulary, extract_features
 from specjax.training.eagle_eval import method_acceptance
@@ -68,10 +74,11 @@ def init_medusa_heads(target, num_heads: int = 4, num_layers: int = 1, own_lm_he
 
 
 def init_hydra_heads(target, num_heads: int = 4, num_layers: int = 1, key: int = 0,
-                     from_target: bool = True):
+                     from_target: bool = True, prefix_layer: bool = False):
   """Untrained float32 Hydra heads for ``target`` (``from_target``: ``start_hydra_from_target``,
-  each head first the target's next-token guess from the state, its path inputs at zero)."""
-  heads = init_hydra(target.config, num_heads, num_layers, key)
+  each head first the target's next-token guess from the state, its path inputs at zero;
+  ``prefix_layer``: Hydra++'s, started from the target's last layer)."""
+  heads = init_hydra(target.config, num_heads, num_layers, key, prefix_layer=prefix_layer)
   return start_hydra_from_target(heads, target) if from_target else heads
 
 
@@ -90,12 +97,16 @@ def _loss(params, graphdef, rest, batch, consts, spec: Spec):
   tokens, mask = batch["tokens"], batch["mask"].astype(jnp.float32)
   length = normed.shape[1]
   hidden = None if isinstance(heads, HydraHead) else heads.hidden(normed)  # [B, L, K, E]
+  h = normed
+  if hidden is None and heads.has_prefix:  # Hydra++: the prefix layer over the whole row
+    h = heads.prefix_pass(normed, init_cache(heads.config.prefix, *normed.shape[:2]))[0]
+    h = h.astype(jnp.float32)
   loss, ces, accs = 0.0, [], []
   for k in range(heads.num_heads):
     shift = k + 2  # head k at t is scored on the token at t + shift
     if hidden is None:  # Hydra, teacher-forced: the path is the row's tokens t + 1 .. t + k + 1
       path = jnp.stack([tokens[:, 1 + j:length - shift + 1 + j] for j in range(k + 1)], axis=2)
-      state = heads.state(k, normed[:, :length - shift], jnp.take(consts["embed"], path, axis=0))
+      state = heads.state(k, h[:, :length - shift], jnp.take(consts["embed"], path, axis=0))
       logits = heads.project(k, state, consts["ids"])
     else:
       w = consts["label_w"] if heads.lm_heads is None else jnp.take(
