@@ -101,7 +101,8 @@ def _pass_model(e: dict, nodes: int, pass_cost: dict, base: dict | None, draft_f
 
 def _head_model(e: dict, nodes: int, cost: dict, base: dict | None) -> None:
   """A head setting's iteration in target steps: its head passes (EAGLE: gamma for a chain, the
-  tree's depth; Medusa: one) at the head's measured step cost c, plus the verification pass over [pending,
+  tree's depth; Medusa: one) at the head's measured step cost c, Hydra++'s prefix pass (once, when
+  measured), plus the verification pass over [pending,
   ``nodes``]; the modelled speedup = tokens per iteration / that (times the rows kept busy)."""
   c = (cost.get("head_cost_ratio") or {}).get(e["method"])
   verify_ms = (cost.get("target_verify_ms") or {}).get(str(nodes))
@@ -111,7 +112,10 @@ def _head_model(e: dict, nodes: int, cost: dict, base: dict | None) -> None:
   e["verify_cost"] = verify_ms / cost["target_step_ms"]
   depth = e["gamma"] if e["gamma"] is not None else tree_of(e["tree"])[0].max_depth
   passes = 1 if METHODS[e["method"]].head_passes == "one" else depth  # Medusa: all heads at once
-  e["iteration_cost"] = passes * c + e["verify_cost"]
+  prefix = (cost.get("prefix_cost_ratio") or {}).get(e["method"], 0.0)  # Hydra++: once
+  if prefix:
+    e["prefix_cost_ratio"] = prefix
+  e["iteration_cost"] = passes * c + prefix + e["verify_cost"]
   e["modelled_speedup"] = (e["tokens_per_iteration"] / e["iteration_cost"]
                            * busy_over_baseline(e, base))
   e["measured_over_modelled"] = e["speedup"] / e["modelled_speedup"]

@@ -453,6 +453,9 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
                 f"ms ({ms / cost['target_step_ms']:.2f}x one target step)")
     for name, c in (cost.get("head_cost_ratio") or {}).items():
       md.append(f"- {name} head: one drafting step {cost['head_step_ms'][name]:.3f} ms -> c = {c:.3f}")
+    for name, c in (cost.get("prefix_cost_ratio") or {}).items():
+      md.append(f"- {name} head's prefix layer: one pass {cost['prefix_step_ms'][name]:.3f} ms "
+                f"-> {c:.3f} target steps, once per iteration")
     if cost.get("cost_ratio_ar") is not None:
       md.append(f"- from autoregressive tokens/s (target alone / draft alone): c = "
                 f"{cost['cost_ratio_ar']:.3f}")

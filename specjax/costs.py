@@ -311,6 +311,25 @@ def _medusa_steps_fn():
   return medusa_steps
 
 
+def _prefix_steps_fn():
+  @functools.partial(jax.jit, static_argnums=(0, 3))
+  def prefix_steps(head_graphdef, head_state, cache, k, hidden):
+    """``k`` passes of Hydra++'s prefix layer over one new state each (what an iteration adds
+    to a Hydra head's drafting: its commit runs the layer over the accepted states; one token
+    stands for those few), writing at the same cache slots every time."""
+    heads = nnx.merge(head_graphdef, head_state)
+    lengths = cache.lengths
+
+    def body(_, carry):
+      hidden, cache = carry
+      out, cache = heads.prefix_pass(hidden[:, None], cache.with_lengths(lengths))
+      return out[:, 0], cache
+
+    return jax.lax.fori_loop(0, k, body, (hidden, cache))
+
+  return prefix_steps
+
+
 def _hydra_steps_fn():
   @functools.partial(jax.jit, static_argnums=(0, 1, 6))
   def hydra_steps(head_graphdef, target_graphdef, head_state, target_state, hidden, tokens, k):
@@ -352,7 +371,9 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
   and its draft logits, ``_head_steps_fn``) is timed too: ``head_step_ms[name]`` and its ratio
   to a target step, ``head_cost_ratio[name]`` (the c of an EAGLE chain); for Medusa heads, one
   pass of all of them (``_medusa_steps_fn``: what an iteration's drafting costs); for Hydra
-  heads, one head's pass (``_hydra_steps_fn``: a depth of its tree); for a stack of MTP modules
+  heads, one head's pass (``_hydra_steps_fn``: a depth of its tree), and with Hydra++'s prefix
+  layer that layer's pass too (``prefix_step_ms`` / ``prefix_cost_ratio``: once per iteration,
+  ``_prefix_steps_fn``); for a stack of MTP modules
   (``MTPStack``), its first module's pass (each module of the stack drafts one token of a chain
   with a pass of that shape)."""
   unknown = sorted(set(models) - {"target", "draft"})
@@ -371,9 +392,12 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
   k = int(steps_per_call)
   sj_models = dict(models)
 
-  def cache_for(model):
-    return init_cache(model.config, batch, cache_length).with_lengths(
+  def cache_for_config(config):
+    return init_cache(config, batch, cache_length).with_lengths(
         jnp.full((batch,), context, jnp.int32))
+
+  def cache_for(model):
+    return cache_for_config(model.config)
 
   def step_job(model, w):
     graphdef, state = nnx.split(model)
@@ -424,8 +448,20 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
       return out
     return run
 
+  def prefix_job(head):
+    prefix_steps, graphdef_state = _prefix_steps_fn(), nnx.split(head)
+    carry = {"cache": cache_for_config(head.config.prefix)}
+    hidden = jnp.zeros((batch, head.config.hidden_size), jnp.dtype(head.config.dtype))
+
+    def run():
+      out, carry["cache"] = prefix_steps(*graphdef_state, carry["cache"], k, hidden)
+      return out
+    return run
+
   for name, head in (heads or {}).items():
     jobs[f"head_{name}"] = head_job(head)
+    if isinstance(head, HydraHead) and head.has_prefix:  # Hydra++: its layer's pass per iteration
+      jobs[f"prefix_{name}"] = prefix_job(head)
   times: dict[str, list[float]] = {name: [] for name in jobs}
   t_compile = time.perf_counter()
   for run in jobs.values():  # compile
@@ -451,6 +487,11 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
   if heads:
     result["head_step_ms"] = {n: medians[f"head_{n}"] * 1e3 for n in heads}
     result["head_cost_ratio"] = {n: medians[f"head_{n}"] / medians["target_w1"] for n in heads}
+    prefixed = [n for n in heads if f"prefix_{n}" in medians]
+    if prefixed:  # Hydra++ heads: their prefix layer's pass, once per iteration
+      result["prefix_step_ms"] = {n: medians[f"prefix_{n}"] * 1e3 for n in prefixed}
+      result["prefix_cost_ratio"] = {n: medians[f"prefix_{n}"] / medians["target_w1"]
+                                     for n in prefixed}
   unit = medians["target_w1"]
   device = jax.devices()[0]
   table = CostTable(verify={w: medians[f"target_w{w}"] / unit for w in widths},

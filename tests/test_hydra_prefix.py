@@ -279,5 +279,27 @@ class TrainTest(absltest.TestCase):
     self.assertGreater(np.mean(report["agreement"]), np.mean(before["agreement"]) + 0.05)
 
 
+class CostTest(absltest.TestCase):
+
+  def test_prefix_pass_is_timed_and_modelled(self):
+    """The runner's cost measurement times a Hydra++ head's prefix pass apart from its heads'
+    pass (``prefix_cost_ratio``), and the head model adds it once per iteration."""
+    from experiments import analysis
+    from specjax import costs
+    target = random_transformer(TF_CONFIG, 0)
+    heads = {"hydra": random_heads(TF_CONFIG, 1, prefix_layer=True),
+             "plain": random_heads(TF_CONFIG, 1)}
+    cost = costs.measure_step_costs({"target": target}, 2, 5, 16, widths=(1, 4), heads=heads,
+                                    steps_per_call=2, min_seconds=0.0, max_iters=3)
+    self.assertEqual(sorted(cost["prefix_cost_ratio"]), ["hydra"])  # plain heads have none
+    prefix = cost["prefix_cost_ratio"]["hydra"]
+    self.assertGreater(prefix, 0)
+    e = dict(method="hydra", gamma=3, tree=None, tokens_per_iteration=2.0, speedup=1.0,
+             row_utilisation=1.0)
+    analysis._head_model(e, 3, cost, None)
+    c, v = cost["head_cost_ratio"]["hydra"], cost["target_verify_ms"]["3"] / cost["target_step_ms"]
+    self.assertAlmostEqual(e["iteration_cost"], 3 * c + prefix + v)
+
+
 if __name__ == "__main__":
   absltest.main()
