@@ -34,11 +34,8 @@ from typing import Any, Callable
 from experiments.methods import CHAIN, METHODS
 from experiments.report_adaptive import adaptive_label, choice_lines
 
-PLOT_FILES = {
-    "speedup": "speedup_vs_gamma.png",
-    "acceptance": "acceptance_by_position.png",
-    "theory": "measured_vs_theoretical.png",
-}
+PLOT_FILES = {"speedup": "speedup_vs_gamma.png", "acceptance": "acceptance_by_position.png",
+              "theory": "measured_vs_theoretical.png"}
 
 
 # ----------------------------------------------------------------------------------------- utils
@@ -453,9 +450,8 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
                 f"ms ({ms / cost['target_step_ms']:.2f}x one target step)")
     for name, c in (cost.get("head_cost_ratio") or {}).items():
       md.append(f"- {name} head: one drafting step {cost['head_step_ms'][name]:.3f} ms -> c = {c:.3f}")
-    for name, c in (cost.get("prefix_cost_ratio") or {}).items():
-      md.append(f"- {name} head's prefix layer: one pass {cost['prefix_step_ms'][name]:.3f} ms "
-                f"-> {c:.3f} target steps, once per iteration")
+    md += [f"- {n} prefix layer (once per iteration): {c:.3f} target steps"
+           for n, c in (cost.get("prefix_cost_ratio") or {}).items()]
     if cost.get("cost_ratio_ar") is not None:
       md.append(f"- from autoregressive tokens/s (target alone / draft alone): c = "
                 f"{cost['cost_ratio_ar']:.3f}")

@@ -395,9 +395,7 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
   def cache_for_config(config):
     return init_cache(config, batch, cache_length).with_lengths(
         jnp.full((batch,), context, jnp.int32))
-
-  def cache_for(model):
-    return cache_for_config(model.config)
+  cache_for = lambda model: cache_for_config(model.config)
 
   def step_job(model, w):
     graphdef, state = nnx.split(model)
@@ -449,14 +447,10 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
     return run
 
   def prefix_job(head):
-    prefix_steps, graphdef_state = _prefix_steps_fn(), nnx.split(head)
-    carry = {"cache": cache_for_config(head.config.prefix)}
-    hidden = jnp.zeros((batch, head.config.hidden_size), jnp.dtype(head.config.dtype))
-
-    def run():
-      out, carry["cache"] = prefix_steps(*graphdef_state, carry["cache"], k, hidden)
-      return out
-    return run
+    prefix_steps, split = _prefix_steps_fn(), nnx.split(head)
+    carry = {"cache": cache_for_config(head.config.prefix),
+             "hidden": jnp.zeros((batch, head.config.hidden_size), jnp.dtype(head.config.dtype))}
+    return lambda: prefix_steps(*split, carry["cache"], k, carry["hidden"])[0]
 
   for name, head in (heads or {}).items():
     jobs[f"head_{name}"] = head_job(head)
