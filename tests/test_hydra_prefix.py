@@ -80,6 +80,7 @@ class StaleCacheTree(hydra_lib.HydraTree):
     return new.replace(cache=state.cache.with_lengths(new.cache.lengths))
 
 
+@pytest.mark.slow  # ~50 s: from-scratch references per row and iteration; GreedyTest stays default
 class ProposerTest(absltest.TestCase):
   """The proposer driven by hand over a fixed text (ragged rows, random accepted tree paths, a
   row sitting out an iteration): the state and every reported law equal a from-scratch prefix
