@@ -26,12 +26,14 @@ from specjax.proposers.base import Outcome
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests import test_train_eagle
+  from tests.test_mtp import drive_by_hand
   from tests.test_hydra import TREE, check_tree_law, numpy_hydra, published, random_heads
   from tests.test_laws import LAW_CONFIG, patched
   from tests.test_speculative import (GPT2_CONFIG, GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG,
                                       greedy_reference, random_transformer)
 except ImportError:  # pragma: no cover
   import test_train_eagle
+  from test_mtp import drive_by_hand
   from test_hydra import TREE, check_tree_law, numpy_hydra, published, random_heads
   from test_laws import LAW_CONFIG, patched
   from test_speculative import (GPT2_CONFIG, GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG,
@@ -88,21 +90,10 @@ class ProposerTest(absltest.TestCase):
 
   def max_error(self, target, heads) -> float:
     tree = TREE
-    proposer, params = sj.Hydra(heads, tree=tree).proposer(target)
-    sampling = S(1.0)
-    rng = np.random.default_rng(0)
-    batch, width = 3, 40
-    text = rng.integers(0, TF_CONFIG.vocab_size, (batch, width)).astype(np.int32)
-    feats = target(jnp.asarray(text), init_cache(target.config, batch, width),
-                   features=proposer.features)[2]  # [B, W, 1, E]
     lengths = np.array([1, 4, 7])
-    rows = np.arange(batch)
-    state = proposer.prefill(params, jnp.asarray(text[:, :7]), jnp.asarray(lengths), width + 8,
-                             feats[:, :7])
-    propose = jax.jit(lambda params, state, pending, keys: proposer.propose(
-        params, state, pending, keys, sampling))
-    commit = jax.jit(lambda params, state, candidates, outcome: proposer.commit(
-        params, state, candidates, outcome))
+    rng, text, feats, state, propose, commit, params = drive_by_hand(
+        target, sj.Hydra(heads, tree=tree), lengths)  # feats [B, W, 1, E]
+    batch, rows = len(lengths), np.arange(len(lengths))
     depth, n_nodes = tree.max_depth, tree.num_nodes
     error = 0.0
     for it in range(4):

@@ -443,6 +443,25 @@ class StackRunnerTest(absltest.TestCase):
     self.assertGreater(table.head_step["mtp"], 0.0)
 
 
+def drive_by_hand(target, method, lengths: np.ndarray, width: int = 40):
+  """(rng, text [B, width], the target's features of it, the proposer's state prefilled with
+  rows of ``lengths``, jitted propose at T = 1, jitted commit, params): a proposer driven by hand
+  over random text (seed 0), for checks against from-scratch references."""
+  proposer, params = method.proposer(target)
+  rng = np.random.default_rng(0)
+  batch, prompt = len(lengths), int(max(lengths))
+  text = rng.integers(0, target.config.vocab_size, (batch, width)).astype(np.int32)
+  feats = target(jnp.asarray(text), init_cache(target.config, batch, width),
+                 features=proposer.features)[2]  # [B, W, F, E]
+  state = proposer.prefill(params, jnp.asarray(text[:, :prompt]), jnp.asarray(lengths),
+                           width + 8, feats[:, :prompt])
+  propose = jax.jit(lambda params, state, pending, keys: proposer.propose(
+      params, state, pending, keys, S(1.0)))
+  commit = jax.jit(lambda params, state, candidates, outcome: proposer.commit(
+      params, state, candidates, outcome))
+  return rng, text, feats, state, propose, commit, params
+
+
 def stack_reference(target, stack, text, pending_at: int, drafts) -> np.ndarray:
   """float32[gamma, V] the drafts' logits recomputed from scratch: every module over the whole
   prefix (fresh caches), module k at entry t reading module k-1's output at t and token t + k of
@@ -478,21 +497,9 @@ class StackProposerTest(absltest.TestCase):
 
   def max_error(self, target, stack, gamma) -> float:
     method = sj.MTP(stack, gamma=gamma)
-    proposer, params = method.proposer(target)
-    sampling = S(1.0)
-    rng = np.random.default_rng(0)
-    batch, width = 2, 40
-    text = rng.integers(0, TF_CONFIG.vocab_size, (batch, width)).astype(np.int32)
-    feats = target(jnp.asarray(text), init_cache(target.config, batch, width),
-                   features=proposer.features)[2]
     lengths = np.array([1, 6])  # row 0: modules 2..gamma have no entry yet
-    rows = np.arange(batch)
-    state = proposer.prefill(params, jnp.asarray(text[:, :6]), jnp.asarray(lengths), width + 8,
-                             feats[:, :6])
-    propose = jax.jit(lambda params, state, pending, keys: proposer.propose(
-        params, state, pending, keys, sampling))
-    commit = jax.jit(lambda params, state, candidates, outcome: proposer.commit(
-        params, state, candidates, outcome))
+    rng, text, feats, state, propose, commit, params = drive_by_hand(target, method, lengths)
+    batch, rows = len(lengths), np.arange(len(lengths))
     error = 0.0
     for it in range(5):
       keys = jax.random.split(jax.random.key(it), (batch, gamma))
