@@ -1,8 +1,12 @@
-r"""How ``sj.Adaptive``'s estimator settings (decay, prior, forget) do against every fixed draft
+r"""How ``sj.Adaptive``'s estimator settings (decay, prior, forget, margin) do against every fixed draft
 length, under one measured cost table: the measurement behind its defaults.
 
     python -m experiments.adaptive_tune --target=smollm2-135m --draft=smollm2-draft \
-        --prompts=code-edit --batch_size=1 --max_new_tokens=64 --chat_template
+        --prompts=code-edit --batch_size=1 --num_prompts=4 --prompt_tokens=192 \
+        --max_new_tokens=64 --chat_template
+
+Each prompt set's first ``num_prompts`` prompts, ``batch_size`` at a time (batch 1: each row's
+choices follow its own text, as in the runner's batch-1 cells).
 
 Costs. One ``sj.CostTable`` is measured first (the target's passes over 1..G + 1 tokens, the
 draft step and a bare iteration per draft length, jitted and timed side by side at the run's
@@ -14,8 +18,9 @@ function of the models, the prompts and the table, so the comparison is free of 
 modelled throughput = tokens / sum over iterations of the iteration's cost in target steps (a
 fixed gamma: ``chain_cost(gamma)`` per iteration; the adaptive rule: ``sum_k counts_k
 chain_cost(k)`` over its choice histogram), relative to autoregressive decoding (1 token per
-target step). Wall clock of one timed call per setting is printed beside it (noisy on a shared
-CPU; the runner's ``configs/adaptive.py`` times them with repeats).
+target step); a skipped draft's catch-up passes are left out of it. Wall clock of one timed
+call per setting is printed beside it (the setting's time over autoregressive decoding's: noisy
+on a shared CPU; the runner's ``configs/adaptive.py`` times them with repeats).
 """
 
 from __future__ import annotations
@@ -32,34 +37,60 @@ from experiments import cost_split  # noqa: F401  (the shared flags: target, dra
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("max_new_tokens", 64, "new tokens per prompt")
+flags.DEFINE_integer("num_prompts", 0, "prompts of the set to decode, batch_size at a time "
+                     "(0: one batch)")
 flags.DEFINE_list("choices", ["0", "1", "2", "3", "4", "6"], "the adaptive menu")
 flags.DEFINE_list("decays", ["0.1", "0.3", "0.6"], "EMA weights to try")
 flags.DEFINE_list("priors", ["0.3", "0.6", "0.9"], "priors to try")
 flags.DEFINE_list("forgets", ["0.02", "0.05", "0.2"], "drift rates to try (at the default "
                   "decay and prior)")
+flags.DEFINE_list("margins", ["0.05", "0.1"], "hysteresis margins to try (at the default "
+                  "decay and prior)")
+flags.DEFINE_list("rules", ["schedule", "confidence"], "the other rules to run beside")
 flags.DEFINE_bool("chat_template", False, "wrap the prompts in the tokenizer's chat template")
 flags.DEFINE_string("costs_in", "", "a saved sj.CostTable to model with (skip the measurement)")
 flags.DEFINE_string("costs_out", "", "where to save the measured sj.CostTable")
 
 
-def modelled(stats, table, choices) -> float:
-  """Tokens per target step under ``table`` for a run's ``DecodeStats`` (prefill left out)."""
+@dataclasses.dataclass
+class Totals:
+  """One setting's batches, summed: tokens after the prefill's, target calls after the
+  prefill, the choice histogram (adaptive) and, per batch, the fixed gamma's iterations."""
+  tokens: int
+  calls: int
+  choices: np.ndarray
+
+  @property
+  def tokens_per_call(self) -> float:
+    return self.tokens / max(self.calls, 1)
+
+
+def modelled(totals: Totals, table, choices) -> float:
+  """Tokens per target step under ``table`` for an adaptive setting's batches."""
   try:
-    cost = table.menu_cost(choices, np.asarray(stats.choice_counts))
+    cost = table.menu_cost(choices, totals.choices)
   except ValueError:  # a length the table has no pass for (a loaded table, another menu)
     return float("nan")
-  return (float(np.sum(stats.generated)) - len(stats.generated)) / cost
+  return totals.tokens / cost
 
 
-def run_one(target, prompts, method, tokens: int, eos):
+def run_one(target, batches, method, tokens: int, eos):
+  """(Totals, seconds of the timed calls) over ``batches`` (each compiled first)."""
   import jax
 
   import specjax as sj
-  sj.generate(target, prompts, method, max_new_tokens=tokens, eos_token_id=eos)  # compile
-  t0 = time.perf_counter()
-  out = sj.generate(target, prompts, method, max_new_tokens=tokens, eos_token_id=eos)
-  jax.block_until_ready(out.tokens)
-  return out, time.perf_counter() - t0
+  made, seconds = [], 0.0
+  for prompts in batches:
+    sj.generate(target, prompts, method, max_new_tokens=tokens, eos_token_id=eos)  # compile
+    t0 = time.perf_counter()
+    out = sj.generate(target, prompts, method, max_new_tokens=tokens, eos_token_id=eos)
+    jax.block_until_ready(out.tokens)
+    seconds += time.perf_counter() - t0
+    made.append(out.stats)
+  return Totals(
+      tokens=sum(int(np.sum(s.generated)) - len(s.generated) for s in made),
+      calls=sum(int(s.target_calls) - 1 for s in made),
+      choices=sum(np.asarray(s.choice_counts) for s in made)), seconds
 
 
 def main(argv):
@@ -70,51 +101,52 @@ def main(argv):
   choices = tuple(int(k) for k in FLAGS.choices)
   gammas = tuple(k for k in choices if k > 0)
   target, draft, prompts, _ = models.load_pair(
-      FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens, gammas,
-      0.0, FLAGS.max_new_tokens, chat_template=FLAGS.chat_template)
+      FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.num_prompts or FLAGS.batch_size,
+      FLAGS.prompt_tokens, gammas, 0.0, FLAGS.max_new_tokens, chat_template=FLAGS.chat_template)
+  size = FLAGS.batch_size
+  batches = [prompts[i:i + size] for i in range(0, len(prompts), size)]
   eos = getattr(target.config, "eos_token_id", None)
   if FLAGS.costs_in:
     table = sj.CostTable.load(FLAGS.costs_in)
   else:
     context = int(np.mean([len(p) for p in prompts])) + FLAGS.max_new_tokens // 2
     table = sj.CostTable.measure(
-        target, draft, batch=len(prompts), context=context,
+        target, draft, batch=size, context=context,
         cache_length=context + max(gammas) + 2, widths=tuple(range(1, max(gammas) + 2)),
         gammas=gammas)
     if FLAGS.costs_out:
       table.save(FLAGS.costs_out)
   print("costs:", json.dumps(table.to_dict()))
   print(f"{'setting':44s} {'tok/call':>8s} {'modelled':>8s} {'wall s':>7s}  choices")
-  ar_out, ar_s = run_one(target, prompts, sj.Autoregressive(), FLAGS.max_new_tokens, eos)
+  ar_out, ar_s = run_one(target, batches, sj.Autoregressive(), FLAGS.max_new_tokens, eos)
   rows = {}
 
   def show(name, out, seconds, model):
     rows[name] = model
-    counts = list(np.asarray(out.stats.choice_counts))
-    print(f"{name:44s} {out.stats.tokens_per_target_call:8.3f} {model:8.3f} "
-          f"{seconds / ar_s:7.3f}  {counts or ''}", flush=True)
+    counts = list(out.choices) if np.ndim(out.choices) else ""
+    print(f"{name:44s} {out.tokens_per_call:8.3f} {model:8.3f} "
+          f"{seconds / ar_s:7.3f}  {counts}", flush=True)
 
   show("autoregressive", ar_out, ar_s, 1.0)
   for g in gammas:
-    out, s = run_one(target, prompts, sj.Speculative(draft, gamma=g), FLAGS.max_new_tokens, eos)
-    iterations = int(out.stats.target_calls) - 1
-    show(f"speculative gamma {g}", out, s,
-         (float(np.sum(out.stats.generated)) - len(prompts)) / (iterations * table.chain_cost(g)))
+    out, s = run_one(target, batches, sj.Speculative(draft, gamma=g), FLAGS.max_new_tokens, eos)
+    show(f"speculative gamma {g}", out, s, out.tokens / (out.calls * table.chain_cost(g)))
   default = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=choices, costs=table)
   settings = [dict(decay=float(d), prior=float(p)) for d, p in
               itertools.product(FLAGS.decays, FLAGS.priors)]
   settings += [dict(forget=float(f)) for f in FLAGS.forgets if float(f) != default.forget]
-  for rule in ("schedule", "confidence"):
-    settings.append(dict(rule=rule))
+  settings += [dict(margin=float(m)) for m in FLAGS.margins if float(m) != default.margin]
+  settings += [dict(rule=rule) for rule in FLAGS.rules]
   for kwargs in settings:
     menu = tuple(range(1, max(choices) + 1)) if kwargs.get("rule") == "confidence" else choices
     method = dataclasses.replace(default, choices=menu, **kwargs)
-    out, s = run_one(target, prompts, method, FLAGS.max_new_tokens, eos)
+    out, s = run_one(target, batches, method, FLAGS.max_new_tokens, eos)
     name = "adaptive " + " ".join(f"{k}={v}" for k, v in kwargs.items())
-    show(name, out, s, modelled(out.stats, table, method.choices))
+    show(name, out, s, modelled(out, table, method.choices))
   best_fixed = max(v for k, v in rows.items() if k.startswith("speculative"))
+  defaults = rows.get(f"adaptive decay={default.decay} prior={default.prior}")
   print(f"best fixed gamma (modelled): {best_fixed:.3f}; adaptive defaults: "
-        f"{rows[f'adaptive decay={default.decay} prior={default.prior}']:.3f}")
+        f"{'not in the grid' if defaults is None else f'{defaults:.3f}'}")
 
 
 if __name__ == "__main__":

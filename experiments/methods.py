@@ -233,7 +233,8 @@ def _adaptive(config, s: dict, models: dict):
                      costs=sj.CostTable.from_dict(table) if table else None,
                      decay=float(config.adaptive_decay), prior=float(config.adaptive_prior),
                      forget=float(config.adaptive_forget),
-                     threshold=float(config.adaptive_threshold))
+                     threshold=float(config.adaptive_threshold),
+                     margin=float(config.adaptive_margin))
 
 
 # ------------------------------------------------------------------------------------------ table

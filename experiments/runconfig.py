@@ -129,14 +129,12 @@ def base_config() -> ml_collections.ConfigDict:
   # jacobi), one setting per rule of adaptive_rules: "cost" (the run's measured cost table),
   # "schedule" (HF's +2/-1), "confidence" (the draft stops below adaptive_threshold; draft-model
   # bases only; its menu is every length 1..the largest choice). decay / prior / forget: the
-  # acceptance estimates' (cost rule).
+  # acceptance estimates' (cost rule); margin: its hysteresis.
   c.adaptive_method = "speculative"
   c.adaptive_choices = (0, 1, 2, 3, 4, 6)
   c.adaptive_rules = ADAPTIVE_RULES
-  c.adaptive_decay = 0.3
-  c.adaptive_prior = 0.45
-  c.adaptive_forget = 0.05
-  c.adaptive_threshold = 0.4
+  for name, value in options.ADAPTIVE_DEFAULTS.items():  # sj.Adaptive's own defaults
+    c[f"adaptive_{name}"] = value
   c.max_ngram = 3  # prompt_lookup: the longest n-gram looked up in the row's own text
   # Token trees and multi-draft methods run by method "tree", one setting per spec
   # (parse_tree_spec): full:DxB, chains:NxD, comb:DxW, dynamic:DxWxN (EAGLE-2), spectr:KxL
@@ -456,7 +454,7 @@ def _check_adaptive(config) -> None:
                       f"{config.adaptive_method!r}")
   try:  # sj.Adaptive's own checks (specjax.options: no JAX), under the config's field names
     options.check_adaptive_menu(list(config.adaptive_choices), "adaptive_choices")
-    for name in ("adaptive_decay", "adaptive_prior", "adaptive_forget", "adaptive_threshold"):
+    for name in (f"adaptive_{name}" for name in options.ADAPTIVE_DEFAULTS):
       options.check_unit_number(config[name], name, open_at_zero=name == "adaptive_decay")
   except ValueError as e:
     raise ConfigError(str(e)) from None

@@ -19,6 +19,10 @@ DRAFT_SHARDINGS = ("rules", "replicated")
 # ``sj.Adaptive``'s rules (``specjax.proposers.adaptive``): the measured cost model, Hugging
 # Face's +2/-1 schedule, the draft-confidence stop.
 ADAPTIVE_RULES = ("cost", "schedule", "confidence")
+# sj.Adaptive's settings by default (the runner's config takes the same): the estimates' EMA
+# weight, prior and drift, the cost rule's hysteresis, the confidence rule's threshold (HF's).
+# decay / prior from experiments/adaptive_tune.py on SmolLM2 + its draft (docs/benchmarks.md).
+ADAPTIVE_DEFAULTS = dict(decay=0.1, prior=0.5, forget=0.05, margin=0.0, threshold=0.4)
 
 
 def check_adaptive_menu(choices, field: str = "choices") -> None:

@@ -6,7 +6,9 @@
 2. Choices: the cost rule follows the costs (prohibitive drafts: plain decoding only; free
    drafts that are always right: the largest entry only); a draft skipped at choice 0 catches up
    with the text (a self-draft, q = p, forced to alternate 0 and 3 still has every draft
-   accepted; the same with the catch-up removed does not); the schedule moves +2/-1.
+   accepted; the same with the catch-up removed does not); before it resumes, the catch-up
+   scores the draft's guesses at the plain tokens against a one-pass reference (T = 0 and > 0);
+   the margin keeps the last choice; the schedule moves +2/-1.
 3. Law: the harness over gamma_max + 3 tokens, every row its own batch of one so that the
    choices follow each row's own past, with a menu that really switches (histogram asserted),
    for the cost, schedule and confidence rules; a rule that peeks at this iteration's verdict
@@ -23,7 +25,9 @@ from absl.testing import absltest, parameterized
 
 import specjax as sj
 from specjax import metrics
+from specjax import sampling as sampling_lib
 from specjax.decoding import loop
+from specjax.models.kv_cache import init_cache
 from specjax.proposers import adaptive as adaptive_lib
 from specjax.proposers import draft_chain
 
@@ -132,6 +136,67 @@ class ChoiceTest(absltest.TestCase):
     stale = run(S(1.0), (draft_chain, "sync", lambda draft, state, *a: state))
     self.assertLess(stale.stats.expected_alpha, 0.999)
 
+  def test_look_scores_the_skipped_drafts_guesses(self):
+    """Before a skipped draft resumes (rule "cost"), it catches up with the text and its guess
+    after each token is scored against the plain token that came; position 0's estimate takes
+    them as ``count`` EMA steps to their mean. Reference: the draft's logits from one pass over
+    the whole text; scored: the tokens it had not seen that plain iterations drew (p > 0),
+    the pending one included (T = 0: the match; T > 0: min(1, q(x) / p(x))); the inactive row
+    and the entries past position 0 unchanged."""
+    target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
+    method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=table(), decay=0.2)
+    proposer, params = method.proposer(target)
+    rng = np.random.default_rng(3)
+    capacity, prompt_lengths, lengths = 24, np.asarray([3, 5, 4]), np.asarray([14, 11, 12])
+    text = rng.integers(0, TF_CONFIG.vocab_size, (3, capacity)).astype(np.int32)
+    state = proposer.prefill(params, jnp.asarray(text[:, :5]), jnp.asarray(prompt_lengths),
+                             capacity)
+    plain_p = rng.uniform(0.05, 1.0, (3, capacity)).astype(np.float32)
+    plain_p[np.arange(capacity)[None, :] < prompt_lengths[:, None]] = 0.0
+    plain_p[:, 8] = 0.0  # a token a speculating iteration emitted: not scored
+    pending = text[np.arange(3), lengths]
+    state = state.replace(
+        text=state.text.replace(tokens=jnp.asarray(np.where(
+            np.arange(capacity)[None, :] < lengths[:, None], text, -1))),
+        acceptance=jnp.full(state.acceptance.shape, 0.5, jnp.float32),
+        seen=jnp.full(state.seen.shape, 50.0, jnp.float32),  # past the warm-up: an EMA
+        plain_p=jnp.asarray(plain_p))
+    state = state.replace(text=state.text.replace(lengths=jnp.asarray(lengths, jnp.int32)))
+    active = jnp.asarray([True, True, False])
+    logits = np.asarray(draft(jnp.asarray(text), init_cache(TF_CONFIG, 3, capacity))[0])
+    for sampling in (S(0.0), S(1.0), S(0.8, top_k=5)):
+      looked = proposer.look(params, state, jnp.asarray(pending), sampling, active)
+      got = np.asarray(looked.acceptance)
+      for b in range(2):
+        values = []
+        for t in range(prompt_lengths[b] + 1, lengths[b] + 1):
+          if plain_p[b, t] == 0:
+            continue
+          if sampling.is_greedy:
+            values.append(float(np.argmax(logits[b, t - 1]) == text[b, t]))
+          else:
+            q = np.asarray(sampling_lib.probabilities(jnp.asarray(logits[b, t - 1]), sampling))
+            values.append(min(1.0, q[text[b, t]] / plain_p[b, t]))
+        kept = 0.8 ** len(values)
+        self.assertGreater(len(values), 4)
+        np.testing.assert_allclose(got[b, 0], kept * 0.5 + (1 - kept) * np.mean(values),
+                                   rtol=1e-5, err_msg=f"row {b}, {sampling}")
+        self.assertEqual(int(looked.inner.cache.lengths[b]), lengths[b])  # caught up
+      np.testing.assert_array_equal(got[2], 0.5)
+      np.testing.assert_array_equal(got[:, 1:], 0.5)
+
+  def test_margin_keeps_the_last_choice(self):
+    """Hysteresis: at acceptance 0.5 under ``table()`` one draft models 1.5 / 1.4 = 1.071
+    tokens per step against plain decoding's 1.0 and two drafts' 1.75 / 1.8 = 0.972."""
+    target, inner = methods()
+    a, on = jnp.full((1, 3), 0.5), jnp.asarray([True])
+    for margin, last, want in ((0.0, 0, 1), (0.05, 0, 1), (0.1, 0, 0), (0.1, 2, 1),
+                               (0.1, -1, 1), (1.0, 3, 3)):
+      proposer, _ = sj.Adaptive(inner["speculative"], choices=MENU, costs=table(),
+                                margin=margin).proposer(target)
+      self.assertEqual(int(proposer.best(a, on, jnp.int32(last))), want,
+                       msg=f"margin {margin}, last {last}")
+
   def test_schedule_moves_plus_two_minus_one(self):
     target = random_transformer(TF_CONFIG, 0)
     exact = sj.Adaptive(sj.SelfSpeculative(skip=()), choices=MENU, rule="schedule")
@@ -153,8 +218,30 @@ class ChoiceTest(absltest.TestCase):
     np.testing.assert_allclose(adaptive_lib.expected_tokens(a, 0), [1.0, 1.0])
     observed = jnp.asarray([[True, False, False], [True, True, False]])
     drifting = jnp.asarray([[True] * 3, [False] * 3])
-    new = adaptive_lib.observe(a, observed, jnp.zeros_like(a), 0.5, drifting, 0.9, 0.1)
+    many = jnp.full(a.shape, 50.0)  # past the warm-up: EMA steps of weight decay
+    new, seen = adaptive_lib.observe(a, many, observed, jnp.zeros_like(a), 0.5, drifting, 0.9,
+                                     0.1)
     np.testing.assert_allclose(new, [[0.25, 0.54, 0.54], [0.5, 0.5, 0.0]], rtol=1e-6)
+    np.testing.assert_array_equal(seen, many + observed)
+    # A fresh estimate: a running mean with the prior as PRIOR_WEIGHT observations until the
+    # weight 1 / (n + PRIOR_WEIGHT + 1) falls to decay, then the EMA; many at once = one by one.
+    w, decay = adaptive_lib.PRIOR_WEIGHT, 0.1
+    est, seen, values = jnp.asarray([0.6]), jnp.asarray([0.0]), [1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1]
+    by_hand, n = 0.6, 0
+    for v in values:
+      est, seen = adaptive_lib.observe(est, seen, jnp.asarray([True]), jnp.asarray([float(v)]),
+                                       decay, jnp.asarray([True]), 0.6, 0.05)
+      weight = max(decay, 1 / (n + w + 1))
+      by_hand, n = by_hand + weight * (v - by_hand), n + 1
+      np.testing.assert_allclose(float(est[0]), by_hand, rtol=1e-5)
+    for count in (3.0, 7.0, 20.0):  # equal observations: the batch form equals the steps
+      one = (jnp.asarray([0.6]), jnp.asarray([1.0]))
+      for _ in range(int(count)):
+        one = adaptive_lib.observe(*one, jnp.asarray([True]), jnp.asarray([0.2]), decay,
+                                   jnp.asarray([True]), 0.6, 0.05)
+      batch = adaptive_lib.observe_many(jnp.asarray([0.6]), jnp.asarray([1.0]),
+                                        jnp.asarray([count]), jnp.asarray([0.2]), decay)
+      np.testing.assert_allclose(np.asarray(batch), np.asarray(one), rtol=1e-5)
 
 
 def law_pair():
@@ -225,6 +312,7 @@ class ErrorTest(absltest.TestCase):
         (dict(method=spec, choices=(1, 3), rule="confidence"), "must include 1..3"),
         (dict(method=spec, decay=0.0, costs=FLAT), "decay must be a number in \\(0, 1\\], got 0.0"),
         (dict(method=spec, prior=1.5, costs=FLAT), "prior must be .* got 1.5"),
+        (dict(method=spec, margin=-0.1, costs=FLAT), "margin must be .* got -0.1"),
         (dict(method=spec), "rule 'cost' needs costs=sj.CostTable"),
         (dict(method=spec, choices=(0, 1, 6), costs=FLAT), "7"),  # no pass over 7 tokens
         (dict(method=inner["prompt_lookup"], choices=(1, 2), rule="confidence"),

@@ -20,6 +20,7 @@ from typing import Any
 
 from flax import nnx
 
+from specjax import options
 from specjax.models.layer_skip import check_skip, skip_layers
 from specjax.models.transformer import Transformer, check_context, check_model
 from specjax.proposers import adaptive as adaptive_lib
@@ -324,7 +325,8 @@ class Adaptive:
   ``rule``: ``"cost"`` (default) picks the entry with the most modelled tokens per unit of
   ``costs`` (an ``sj.CostTable`` measured on the device, batch and context the run uses), from
   per-row running estimates of the acceptance at each position (EMA weight ``decay``, start and
-  drift target ``prior``, drift rate ``forget`` for positions not observed); ``"schedule"`` is
+  drift target ``prior``, drift rate ``forget`` for positions not observed), keeping the last
+  entry unless the best beats it by the factor ``1 + margin``; ``"schedule"`` is
   Hugging Face's +2/-1 heuristic; ``"confidence"`` stops the draft when its own probability of
   its guess falls below ``threshold`` (HF's 0.4; draft models only). The choice depends only on
   past iterations and the draft's own proposals, so every rule is lossless (``sj.Sampling``'s
@@ -335,10 +337,11 @@ class Adaptive:
   choices: tuple[int, ...] = (0, 1, 2, 3, 4, 6)
   costs: Any = None
   rule: str = "cost"
-  decay: float = 0.3
-  prior: float = 0.45  # experiments/adaptive_tune.py on SmolLM2 code edits: docs/benchmarks.md
-  forget: float = 0.05
-  threshold: float = 0.4
+  decay: float = options.ADAPTIVE_DEFAULTS["decay"]
+  prior: float = options.ADAPTIVE_DEFAULTS["prior"]
+  forget: float = options.ADAPTIVE_DEFAULTS["forget"]
+  threshold: float = options.ADAPTIVE_DEFAULTS["threshold"]
+  margin: float = options.ADAPTIVE_DEFAULTS["margin"]
   name = "adaptive"
 
   def __post_init__(self):
@@ -347,7 +350,8 @@ class Adaptive:
       raise ValueError(f"sj.Adaptive wraps a chain method ({names}), got "
                        f"{type(self.method).__name__}")
     object.__setattr__(self, "choices", adaptive_lib.check_menu(self.choices, self.rule))
-    adaptive_lib.check_settings(self.decay, self.prior, self.forget, self.threshold)
+    adaptive_lib.check_settings(self.decay, self.prior, self.forget, self.threshold,
+                                self.margin)
     if self.rule == "confidence" and not isinstance(self.method, (Speculative, SelfSpeculative)):
       raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
                        f"{type(self.method).__name__} has none")
@@ -381,7 +385,7 @@ class Adaptive:
         costs=adaptive_lib.menu_costs(self.costs, self.choices, self.rule),
         decay=float(self.decay), prior=float(self.prior), forget=float(self.forget),
         threshold=float(self.threshold), vocab_size=target.config.vocab_size,
-        shadow=shadow), built[-1][1]
+        margin=float(self.margin), shadow=shadow), built[-1][1]
 
 
 def tree_children(tree, children: str | None, drafter: str) -> str:

@@ -14,13 +14,20 @@ Rules (``RULES``):
   et al. 2023, arXiv 2211.17192, Eq. 1 with a per-position acceptance) and ``cost(k)`` from a
   measured ``sj.CostTable`` (``chain_cost``: k draft steps and a pass over k + 1 tokens, in
   target steps). ``a_bj`` is a per-row running estimate of the acceptance at position j:
-  an exponential moving average (weight ``decay`` on the newest observation) of the verifier's
+  running average (the prior counting as ``PRIOR_WEIGHT`` observations, then an exponential
+  moving average of weight ``decay`` on the newest observation: ``kept_weight``) of the verifier's
   exact acceptance probability (T > 0: ``sum_x min(p, q)`` for sampled drafts, ``p(x)`` for
   deterministic ones; T = 0: the match indicator) at the positions whose test ran; positions not
   observed drift back to ``prior`` at rate ``forget`` per iteration, which is what makes a row
   that stopped speculating try again. With choice 0 a draft-free proposer still makes its first
   guess (free) and the emitted token scores it; a draft model is skipped (no draft step at all)
-  and catches up with the committed text, ``sync``, when speculation resumes.
+  and catches up with the committed text, ``sync``, when speculation resumes. That catch-up is
+  done before the choice is final (``look``): when the estimates say to resume, the draft is fed
+  the plain tokens and its guess after each is scored against the token the target drew (the
+  match at T = 0, ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is
+  ``sum_x min(p, q)``), and the choice is made again. A plain stretch thus costs nothing but
+  one look per resumption, and a resumption follows what the draft would have done over the
+  whole stretch, not a guess from the drift alone.
 * ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
   "heuristic"``): +2 drafts after an iteration in which every active row accepted all its
   drafts, else -1 (never below the smallest positive entry), starting at the largest entry.
@@ -39,6 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import options
+from specjax import sampling as sampling_lib
 from specjax.proposers.base import CHAIN, Candidates
 from specjax.proposers.draft_chain import GammaChain
 from specjax.proposers.draft_free import TokenHistory
@@ -51,10 +59,16 @@ class AdaptiveState:
   inner: Any  # the wrapped proposer's state (shared by every menu entry)
   text: TokenHistory  # the rows' committed text: what a skipped draft catches up with
   acceptance: jax.Array  # float32[B, G] per-row, per-position acceptance estimates
+  seen: jax.Array  # float32[B, G] observations behind each estimate
   shadow: jax.Array  # int32[B] the guess a plain-decoding iteration scored (draft-free proposers)
   gamma: jax.Array  # int32[] the schedule's current draft length
+  last: jax.Array  # int32[] the previous iteration's menu index (-1 before the first)
   drafts: jax.Array  # int32[B, G] the confidence rule's drafts of this iteration
   laws: jax.Array  # float32[B, G, V] their laws (confidence rule; [B, 0, 0] otherwise)
+  # float32[B, L] at each text position the target's probability of its token when a plain
+  # iteration drew it (0 elsewhere): what a skipped draft's guesses are scored against (rule
+  # "cost" over a draft model: ``looks``; [B, 0] otherwise)
+  plain_p: jax.Array
 
 
 def expected_tokens(acceptance: jax.Array, gamma: int) -> jax.Array:
@@ -65,12 +79,38 @@ def expected_tokens(acceptance: jax.Array, gamma: int) -> jax.Array:
   return 1.0 + jnp.sum(survive, axis=-1)
 
 
-def observe(acceptance: jax.Array, observed: jax.Array, values: jax.Array, decay: float,
-            drifting: jax.Array, prior: float, forget: float) -> jax.Array:
-  """The estimates after one iteration: an EMA step toward ``values`` where ``observed``
-  (bool[B, G]), a step of ``forget`` toward ``prior`` where ``drifting`` (bool[B, G])."""
-  acceptance = jnp.where(observed, acceptance + decay * (values - acceptance), acceptance)
-  return jnp.where(drifting & ~observed, acceptance + forget * (prior - acceptance), acceptance)
+PRIOR_WEIGHT = 2.0  # the prior counts as this many observations (``observe``)
+
+
+def kept_weight(seen: jax.Array, count: jax.Array, decay: float) -> jax.Array:
+  """The old estimate's share after ``count`` more observations, given ``seen`` before: the
+  observation after ``n`` others has weight ``max(decay, 1 / (n + PRIOR_WEIGHT + 1))``, a running
+  mean with the prior as ``PRIOR_WEIGHT`` observations until that falls to ``decay``, then an
+  EMA (the warm-up of a bias-corrected average): a fresh row leaves an optimistic prior after
+  a few misses, a long-running one keeps a window of ~1 / decay observations."""
+  start = seen + PRIOR_WEIGHT
+  mean_steps = jnp.clip(1.0 / decay - 1.0 - start, 0.0, count)  # observations at 1 / (n + 1)
+  return start / (start + mean_steps) * (1.0 - decay) ** (count - mean_steps)
+
+
+def observe(acceptance: jax.Array, seen: jax.Array, observed: jax.Array, values: jax.Array,
+            decay: float, drifting: jax.Array, prior: float, forget: float):
+  """(estimates, seen) after one iteration: a step toward ``values`` where ``observed`` (bool[B,
+  G]; ``kept_weight``), a step of ``forget`` toward ``prior`` where ``drifting`` (bool[B, G])."""
+  kept = kept_weight(seen, jnp.ones_like(seen), decay)
+  acceptance = jnp.where(observed, kept * acceptance + (1.0 - kept) * values, acceptance)
+  acceptance = jnp.where(drifting & ~observed, acceptance + forget * (prior - acceptance),
+                         acceptance)
+  return acceptance, seen + observed
+
+
+def observe_many(acceptance: jax.Array, seen: jax.Array, count: jax.Array, mean: jax.Array,
+                 decay: float):
+  """(estimates, seen), float32[B] each: ``count`` (float32[B]) observations of mean ``mean``
+  folded into ``acceptance`` as ``count`` steps of ``observe`` toward their mean (the order
+  within the batch of observations is not kept)."""
+  kept = kept_weight(seen, count, decay)
+  return jnp.where(count > 0, kept * acceptance + (1.0 - kept) * mean, acceptance), seen + count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +129,7 @@ class AdaptiveProposer:
   forget: float
   threshold: float
   vocab_size: int
+  margin: float = 0.0
   shadow: Any = None
 
   @property
@@ -99,6 +140,12 @@ class AdaptiveProposer:
   def syncs(self) -> bool:
     """The inner proposer follows the text through a draft model: skipped at choice 0."""
     return hasattr(self.largest, "sync")
+
+  @property
+  def looks(self) -> bool:
+    """Rule "cost" over a skipped draft model: before speculation resumes, the draft catches up
+    with the text and its guesses at the plain tokens are scored (``look``)."""
+    return self.syncs and self.rule == "cost"
 
   @property
   def num_candidates(self) -> int:
@@ -123,21 +170,30 @@ class AdaptiveProposer:
   def prefill(self, params, prompt, prompt_lengths, cache_length):
     batch, g = prompt.shape[0], self.num_candidates
     laws = (batch, g, self.vocab_size) if self.rule == "confidence" else (batch, 0, 0)
+    plain_p = (batch, cache_length if self.looks else 0)
     return AdaptiveState(
         inner=self.largest.prefill(params, prompt, prompt_lengths, cache_length),
         text=TokenHistory.of_prompt(prompt, prompt_lengths, cache_length),
         acceptance=jnp.full((batch, g), self.prior, jnp.float32),
+        seen=jnp.zeros((batch, g), jnp.float32),
         shadow=jnp.full((batch,), -1, jnp.int32), gamma=jnp.int32(self.choices[-1]),
-        drafts=jnp.zeros((batch, g), jnp.int32), laws=jnp.zeros(laws, jnp.float32))
+        last=jnp.int32(-1),
+        drafts=jnp.zeros((batch, g), jnp.int32), laws=jnp.zeros(laws, jnp.float32),
+        plain_p=jnp.zeros(plain_p, jnp.float32))
 
   def choose(self, params, state: AdaptiveState, pending, keys, sampling, active):
     """(int32[] menu index, state) for the coming iteration: from the estimates and the costs,
     the schedule, or (confidence) the draft's own chain, drafted here."""
     choices = jnp.asarray(self.choices, jnp.int32)
     if self.rule == "cost":
-      tokens = jnp.stack([expected_tokens(state.acceptance, k) for k in self.choices], axis=1)
-      score = jnp.sum(jnp.where(active[:, None], tokens, 0.0), axis=0) / jnp.asarray(self.costs)
-      return jnp.argmax(score).astype(jnp.int32), state  # ties: the shorter entry
+      best = self.best(state.acceptance, active, state.last)
+      if self.looks:
+        # About to resume a skipped draft: look first (the catch-up it needs anyway), and
+        # choose again with what its guesses at the plain tokens say.
+        state = jax.lax.cond(best > 0, lambda s: self.look(params, s, pending, sampling, active),
+                             lambda s: s, state)
+        best = self.best(state.acceptance, active, state.last)
+      return best, state.replace(last=best)
     if self.rule == "schedule":
       return jnp.sum(choices <= state.gamma).astype(jnp.int32) - 1, state
     inner = self.sync_inner(params, state)
@@ -145,6 +201,47 @@ class AdaptiveProposer:
         params, inner, pending, keys, sampling, self.threshold, active)
     return jnp.argmax(choices == count).astype(jnp.int32), state.replace(
         inner=inner, drafts=drafts, laws=laws)
+
+  def best(self, acceptance: jax.Array, active: jax.Array, last: jax.Array) -> jax.Array:
+    """int32[]: the entry with the most modelled tokens per unit of cost for the active rows
+    (rule "cost"; ties: the shorter entry), unless it beats the ``last`` entry by no more than
+    the factor ``1 + margin`` (hysteresis: estimates near a break-even do not flip the choice
+    at every iteration; each switch has costs the model leaves out)."""
+    tokens = jnp.stack([expected_tokens(acceptance, k) for k in self.choices], axis=1)
+    score = jnp.sum(jnp.where(active[:, None], tokens, 0.0), axis=0) / jnp.asarray(self.costs)
+    top = jnp.argmax(score).astype(jnp.int32)
+    keep = (last >= 0) & (score[top] <= (1.0 + self.margin) * score[jnp.maximum(last, 0)])
+    return jnp.where(keep, last, top)
+
+  def look(self, params, state: AdaptiveState, pending, sampling, active) -> AdaptiveState:
+    """The skipped draft caught up with the text (pending included) and its guess after each
+    token scored against the plain token that came: position 0's estimate gets one observation
+    per scored token (``observe_many``). The observation is the acceptance that guess would have
+    had, in expectation over the target's draw: at T = 0 the match; at T > 0 ``min(1, q(x) /
+    p(x))`` for the token x the target drew from p, whose mean is ``sum_x min(p, q)``, the
+    acceptance of a draft drawn from q (Leviathan et al. 2023, Sec. 3.1). Past tokens only."""
+    text = state.text.with_pending(pending)
+    rows = jnp.arange(pending.shape[0])[:, None]
+
+    def score(logits, cols, fed):
+      nxt = jnp.minimum(cols + 1, text.tokens.shape[1] - 1)
+      token = jnp.maximum(text.tokens[rows, nxt], 0)
+      p = state.plain_p[rows, nxt]
+      if sampling.is_greedy:
+        value = (jnp.argmax(logits, axis=-1) == token).astype(jnp.float32)
+      else:
+        q = jnp.take_along_axis(sampling_lib.probabilities(logits, sampling), token[..., None],
+                                axis=-1)[..., 0]
+        value = jnp.minimum(1.0, q / jnp.maximum(p, 1e-30))
+      scored = fed & (p > 0) & active[:, None]
+      return jnp.sum(jnp.where(scored, value, 0.0), axis=1), jnp.sum(scored, axis=1, dtype=jnp.float32)
+
+    inner, (total, count) = self.largest.sync(params, state.inner, text.tokens, text.lengths,
+                                              self.num_candidates, score)
+    first, seen = observe_many(state.acceptance[:, 0], state.seen[:, 0], count,
+                               total / jnp.maximum(count, 1.0), self.decay)
+    return state.replace(inner=inner, acceptance=state.acceptance.at[:, 0].set(first),
+                         seen=state.seen.at[:, 0].set(seen))
 
   def sync_inner(self, params, state: AdaptiveState):
     """The inner state caught up with the committed text (a skipped draft model)."""
@@ -198,6 +295,8 @@ class MenuEntry(GammaChain):
     if g == 0:
       inner, values = state.inner, jnp.zeros_like(state.acceptance)
       observed = jnp.zeros_like(drifting)
+      if parent.looks:  # the drawn token's probability, for the look that scores the draft
+        state = state.replace(plain_p=record_plain(state.plain_p, text.lengths, outcome))
       if parent.shadow is not None:  # the free guess, scored by the token the target emitted
         guess = Candidates(tokens=state.shadow[:, None], q=None, kind=CHAIN)
         inner = parent.shadow.commit(params, state.inner, guess, outcome)
@@ -209,14 +308,30 @@ class MenuEntry(GammaChain):
       values = jnp.pad(outcome.accept_prob.astype(jnp.float32),
                        ((0, 0), (0, parent.num_candidates - g)))
       observed = drifting & (pos < jnp.minimum(n + 1, g)[:, None])
-    acceptance = observe(state.acceptance, observed, values, parent.decay, drifting,
-                         parent.prior, parent.forget)
+    acceptance, seen = observe(state.acceptance, state.seen, observed, values, parent.decay,
+                               drifting, parent.prior, parent.forget)
     gamma = state.gamma
     if parent.rule == "schedule":
       positive = min(k for k in parent.choices if k > 0)
       all_in = jnp.all(jnp.where(active, n == g, True)) & (g > 0)
       gamma = jnp.clip(jnp.where(all_in, gamma + 2, gamma - 1), positive, parent.choices[-1])
-    return state.replace(inner=inner, text=text, acceptance=acceptance, gamma=gamma)
+    return state.replace(inner=inner, text=text, acceptance=acceptance, seen=seen, gamma=gamma)
+
+
+def record_plain(plain_p: jax.Array, position: jax.Array, outcome) -> jax.Array:
+  """``plain_p`` with the target's probability of the token a plain iteration drew (the new
+  pending token, at text position ``position`` int32[B]) written for the active rows: 1 at
+  T = 0 (a mark: the draft's guess is scored by the match), p(x) under the run's law else."""
+  sampling = outcome.sampling
+  if sampling is None:
+    raise ValueError("the adaptive look needs the run's sampling in the Outcome")
+  if sampling.is_greedy:
+    p = jnp.ones(position.shape, jnp.float32)
+  else:
+    law = sampling_lib.probabilities(outcome.logits[:, 0], sampling)
+    p = jnp.take_along_axis(law, outcome.next_token[:, None], axis=1)[:, 0]
+  cols = jnp.where(outcome.active, position, plain_p.shape[1])
+  return plain_p.at[jnp.arange(position.shape[0]), cols].set(p, mode="drop")
 
 
 def check_menu(choices, rule: str) -> tuple[int, ...]:
@@ -235,10 +350,12 @@ def check_menu(choices, rule: str) -> tuple[int, ...]:
   return tuple(int(k) for k in menu)
 
 
-def check_settings(decay, prior, forget, threshold) -> None:
-  """The estimator's and the confidence rule's numbers, or a one-line ValueError."""
+def check_settings(decay, prior, forget, threshold, margin=0.0) -> None:
+  """The estimator's, the cost rule's and the confidence rule's numbers, or a one-line
+  ValueError."""
   options.check_unit_number(decay, "decay", open_at_zero=True)
-  for field, value in (("prior", prior), ("forget", forget), ("threshold", threshold)):
+  for field, value in (("prior", prior), ("forget", forget), ("threshold", threshold),
+                       ("margin", margin)):
     options.check_unit_number(value, field)
 
 

@@ -65,6 +65,9 @@ class Outcome:
   # accepted prefix (greedy: the match; sampled: sum_x min(p, q); deterministic: p(x)), valid at
   # positions <= num_accepted; None for trees.
   accept_prob: jax.Array | None = None
+  # The run's ``sj.Sampling`` (static): the law the target's tokens were drawn from, for a
+  # proposer that scores the emitted tokens (``sj.Adaptive``); None where a caller has none.
+  sampling: sampling_lib.Sampling | None = flax.struct.field(pytree_node=False, default=None)
 
 
 @flax.struct.dataclass

@@ -132,25 +132,40 @@ def propose_confident(draft: Transformer, state: DraftChainState, pending: jax.A
 
 
 def sync(draft: Transformer, state: DraftChainState, text: jax.Array, lengths: jax.Array,
-         width: int) -> DraftChainState:
+         width: int, score=None):
   """Feeds the draft the committed text it has not seen (``text[b, :lengths[b]]`` is the row's
   text, the target cache's contents): after iterations that skipped the draft (an adaptive
   method's plain-decoding choice) the draft is behind by several tokens; ``width`` of them per
   draft pass, as many passes as the furthest-behind row needs (none when no row is). A row whose
-  only missing token is its ``last_draft`` (``behind``) is left to ``propose``."""
+  only missing token is its ``last_draft`` (``behind``) is left to ``propose``.
+
+  ``score`` (optional): ``score(logits float32[B, width, V], cols int32[B, width], fed
+  bool[B, width]) -> (float32[B], float32[B])``, called on each pass with the draft's logits at
+  the text columns ``cols`` it fed (``fed``: real text of a row that was behind) and summed over
+  the passes: what the draft would have guessed after each of those tokens, for an adaptive
+  method to score against the tokens that came (``specjax.proposers.adaptive``). Returns the
+  state, or (state, the two sums) with ``score``."""
+  batch = text.shape[0]
+
   def lagging(state):
     return state.cache.lengths + state.behind < lengths
 
-  def feed(state):
+  def feed(carry):
+    state, sums = carry
     start = state.cache.lengths
-    cols = jnp.minimum(start[:, None] + jnp.arange(width)[None, :], text.shape[1] - 1)
+    at = start[:, None] + jnp.arange(width)[None, :]
+    cols = jnp.minimum(at, text.shape[1] - 1)
     chunk = jnp.maximum(jnp.take_along_axis(text, cols, axis=1), 0)
-    _, cache = draft(chunk, state.cache)  # slots past a row's text are scratch
+    logits, cache = draft(chunk, state.cache)  # slots past a row's text are scratch
     lag = lagging(state)
+    if score is not None:
+      sums = jax.tree.map(jnp.add, sums, score(logits, cols, lag[:, None] & (at < lengths[:, None])))
     new = jnp.where(lag, jnp.minimum(start + width, lengths), start)
-    return state.replace(cache=cache.with_lengths(new), behind=state.behind & ~lag)
+    return state.replace(cache=cache.with_lengths(new), behind=state.behind & ~lag), sums
 
-  return jax.lax.while_loop(lambda s: jnp.any(lagging(s)), feed, state)
+  zeros = (jnp.zeros((batch,), jnp.float32),) * 2
+  state, sums = jax.lax.while_loop(lambda c: jnp.any(lagging(c[0])), feed, (state, zeros))
+  return state if score is None else (state, sums)
 
 
 def draw_rest(step, carry, token: jax.Array, q: jax.Array | None, keys: jax.Array):
@@ -225,9 +240,9 @@ class DraftChain(GammaChain):
     return commit(state, candidates.tokens, outcome.target_length, outcome.num_accepted,
                   outcome.active)
 
-  def sync(self, params, state, text, lengths, width: int):
+  def sync(self, params, state, text, lengths, width: int, score=None):
     """Catches the draft up with the committed text (``sync``), for an adaptive method."""
-    return sync(nnx.merge(self.graphdef, params), state, text, lengths, width)
+    return sync(nnx.merge(self.graphdef, params), state, text, lengths, width, score)
 
   def propose_confident(self, params, state, pending, keys, sampling, threshold, active):
     """``propose_confident`` with room for ``keys.shape[1]`` drafts."""
