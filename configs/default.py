@@ -8,8 +8,7 @@ machine (``smollm2-draft``: two of SmolLM2's layers and an 8192-token head, trai
 about 6 minutes on 2 CPU cores and cached; configs/train_smollm2_draft.py) and against prompt
 lookup (no draft model: guesses copied from the row's own prompt and output), one guess per
 target pass (gamma 1: on a 2-core CPU a pass over more tokens costs more; ``gamma=3`` on an
-accelerator), and against ``sj.Adaptive`` over the same draft (0-3 drafts chosen per iteration
-from the run's measured cost table: no drafts where they do not pay), greedy and T = 1, batch 1 (one chat at a time), each prompt wrapped in the model's
+accelerator), greedy and T = 1, batch 1 (one chat at a time), each prompt wrapped in the model's
 chat template, one timed pass of each setting (``--config.repeats=3`` for medians); report.md
 shows the generated text. The first run also converts the GGUF once (cached under
 $SPECJAX_CACHE, else ~/.cache/specjax). Override anything:
@@ -30,10 +29,8 @@ def get_config(arg=None):
   c.num_prompts = 4
   c.chat_template = True
   c.max_prompt_tokens = 192
-  c.methods = ("autoregressive", "speculative", "prompt_lookup", "adaptive")
+  c.methods = ("autoregressive", "speculative", "prompt_lookup")
   c.gammas = (1,)  # on this CPU a pass over gamma + 1 tokens costs more with gamma: 1 wins here
-  c.adaptive_choices = (0, 1, 2, 3)  # the draft's length chosen per iteration, 0 = none
-  c.adaptive_rules = ("cost",)
   c.temperatures = (0.0, 1.0)
   c.batch_size = 1
   c.max_new_tokens = 64

@@ -184,6 +184,18 @@ class ChoiceTest(absltest.TestCase):
         self.assertEqual(int(looked.inner.cache.lengths[b]), lengths[b])  # caught up
       np.testing.assert_array_equal(got[2], 0.5)
       np.testing.assert_array_equal(got[:, 1:], 0.5)
+    # In the loop a look waits for a draft pass's worth of plain tokens (the largest choice):
+    # before that the rule stays plain without a catch-up, however good resuming looks.
+    good = state.replace(acceptance=jnp.full(state.acceptance.shape, 0.95), last=jnp.int32(0))
+    keys = jnp.zeros((3, MENU[-1], 2), jnp.uint32)
+    for run, looks in ((MENU[-1] - 1, False), (MENU[-1], True)):
+      index, after = proposer.choose(params, good.replace(plain_run=jnp.int32(run)),
+                                     jnp.asarray(pending), keys, S(0.0), active)
+      caught_up = np.asarray(after.inner.cache.lengths)[:2] == lengths[:2]
+      self.assertEqual(bool(caught_up.all()), looks, msg=f"plain run {run}")
+      self.assertEqual(int(after.plain_run), 0 if looks else run)
+      if not looks:
+        self.assertEqual(int(index), 0)
 
   def test_margin_keeps_the_last_choice(self):
     """Hysteresis: at acceptance 0.5 under ``table()`` one draft models 1.5 / 1.4 = 1.071

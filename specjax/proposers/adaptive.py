@@ -25,9 +25,10 @@ Rules (``RULES``):
   done before the choice is final (``look``): when the estimates say to resume, the draft is fed
   the plain tokens and its guess after each is scored against the token the target drew (the
   match at T = 0, ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is
-  ``sum_x min(p, q)``), and the choice is made again. A plain stretch thus costs nothing but
-  one look per resumption, and a resumption follows what the draft would have done over the
-  whole stretch, not a guess from the drift alone.
+  ``sum_x min(p, q)``), and the choice is made again. A look waits for a draft pass's worth of
+  plain tokens (the largest choice), so a plain stretch costs at most one draft pass per that
+  many tokens, and a resumption follows what the draft would have done over the stretch, not a
+  guess from the drift alone.
 * ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
   "heuristic"``): +2 drafts after an iteration in which every active row accepted all its
   drafts, else -1 (never below the smallest positive entry), starting at the largest entry.
@@ -63,6 +64,7 @@ class AdaptiveState:
   shadow: jax.Array  # int32[B] the guess a plain-decoding iteration scored (draft-free proposers)
   gamma: jax.Array  # int32[] the schedule's current draft length
   last: jax.Array  # int32[] the previous iteration's menu index (-1 before the first)
+  plain_run: jax.Array  # int32[] plain iterations since the draft last caught up (``look``)
   drafts: jax.Array  # int32[B, G] the confidence rule's drafts of this iteration
   laws: jax.Array  # float32[B, G, V] their laws (confidence rule; [B, 0, 0] otherwise)
   # float32[B, L] at each text position the target's probability of its token when a plain
@@ -177,7 +179,7 @@ class AdaptiveProposer:
         acceptance=jnp.full((batch, g), self.prior, jnp.float32),
         seen=jnp.zeros((batch, g), jnp.float32),
         shadow=jnp.full((batch,), -1, jnp.int32), gamma=jnp.int32(self.choices[-1]),
-        last=jnp.int32(-1),
+        last=jnp.int32(-1), plain_run=jnp.int32(0),
         drafts=jnp.zeros((batch, g), jnp.int32), laws=jnp.zeros(laws, jnp.float32),
         plain_p=jnp.zeros(plain_p, jnp.float32))
 
@@ -187,12 +189,17 @@ class AdaptiveProposer:
     choices = jnp.asarray(self.choices, jnp.int32)
     if self.rule == "cost":
       best = self.best(state.acceptance, active, state.last)
-      if self.looks:
+      if self.looks and self.choices[0] == 0:
         # About to resume a skipped draft: look first (the catch-up it needs anyway), and
-        # choose again with what its guesses at the plain tokens say.
-        state = jax.lax.cond(best > 0, lambda s: self.look(params, s, pending, sampling, active),
+        # choose again with what its guesses at the plain tokens say. A look waits for a draft
+        # pass's worth of plain tokens (num_candidates), so that looks cost at most one draft
+        # pass per that many plain tokens however often the drift makes resuming look good.
+        plain = state.last == 0
+        ready = state.plain_run >= self.num_candidates
+        state = jax.lax.cond(plain & ready & (best > 0),
+                             lambda s: self.look(params, s, pending, sampling, active),
                              lambda s: s, state)
-        best = self.best(state.acceptance, active, state.last)
+        best = jnp.where(plain & ~ready, 0, self.best(state.acceptance, active, state.last))
       return best, state.replace(last=best)
     if self.rule == "schedule":
       return jnp.sum(choices <= state.gamma).astype(jnp.int32) - 1, state
@@ -241,7 +248,7 @@ class AdaptiveProposer:
     first, seen = observe_many(state.acceptance[:, 0], state.seen[:, 0], count,
                                total / jnp.maximum(count, 1.0), self.decay)
     return state.replace(inner=inner, acceptance=state.acceptance.at[:, 0].set(first),
-                         seen=state.seen.at[:, 0].set(seen))
+                         seen=state.seen.at[:, 0].set(seen), plain_run=jnp.int32(0))
 
   def sync_inner(self, params, state: AdaptiveState):
     """The inner state caught up with the committed text (a skipped draft model)."""
@@ -315,7 +322,9 @@ class MenuEntry(GammaChain):
       positive = min(k for k in parent.choices if k > 0)
       all_in = jnp.all(jnp.where(active, n == g, True)) & (g > 0)
       gamma = jnp.clip(jnp.where(all_in, gamma + 2, gamma - 1), positive, parent.choices[-1])
-    return state.replace(inner=inner, text=text, acceptance=acceptance, seen=seen, gamma=gamma)
+    plain_run = state.plain_run + 1 if g == 0 else jnp.int32(0)
+    return state.replace(inner=inner, text=text, acceptance=acceptance, seen=seen, gamma=gamma,
+                         plain_run=plain_run)
 
 
 def record_plain(plain_p: jax.Array, position: jax.Array, outcome) -> jax.Array:
