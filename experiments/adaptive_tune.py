@@ -1,5 +1,5 @@
-r"""How ``sj.Adaptive``'s estimator settings (decay, prior, forget, margin) do against every fixed draft
-length, under one measured cost table: the measurement behind its defaults.
+r"""How ``sj.Adaptive``'s estimator settings (decay, prior, forget, margin) do against every
+fixed draft length, under one measured cost table: the measurement behind its defaults.
 
     python -m experiments.adaptive_tune --target=smollm2-135m --draft=smollm2-draft \
         --prompts=code-edit --batch_size=1 --num_prompts=4 --prompt_tokens=192 \
@@ -55,7 +55,7 @@ flags.DEFINE_string("costs_out", "", "where to save the measured sj.CostTable")
 @dataclasses.dataclass
 class Totals:
   """One setting's batches, summed: tokens after the prefill's, target calls after the
-  prefill, the choice histogram (adaptive) and, per batch, the fixed gamma's iterations."""
+  prefill, the choice histogram (adaptive; empty otherwise)."""
   tokens: int
   calls: int
   choices: np.ndarray

@@ -13,7 +13,7 @@ Rules (``RULES``):
   rows, ``sum_b E_b(k) / cost(k)``, with ``E_b(k) = 1 + sum_{i<k} prod_{j<=i} a_bj`` (Leviathan
   et al. 2023, arXiv 2211.17192, Eq. 1 with a per-position acceptance) and ``cost(k)`` from a
   measured ``sj.CostTable`` (``chain_cost``: k draft steps and a pass over k + 1 tokens, in
-  target steps). ``a_bj`` is a per-row running estimate of the acceptance at position j:
+  target steps). ``a_bj`` is a per-row running estimate of the acceptance at position j: a
   running average (the prior counting as ``PRIOR_WEIGHT`` observations, then an exponential
   moving average of weight ``decay`` on the newest observation: ``kept_weight``) of the verifier's
   exact acceptance probability (T > 0: ``sum_x min(p, q)`` for sampled drafts, ``p(x)`` for
@@ -111,8 +111,8 @@ def observe_many(acceptance: jax.Array, seen: jax.Array, count: jax.Array, mean:
   """(estimates, seen), float32[B] each: ``count`` (float32[B]) observations of mean ``mean``
   folded into ``acceptance`` as ``count`` steps of ``observe`` toward their mean (the order
   within the batch of observations is not kept)."""
-  kept = kept_weight(seen, count, decay)
-  return jnp.where(count > 0, kept * acceptance + (1.0 - kept) * mean, acceptance), seen + count
+  kept = kept_weight(seen, count, decay)  # 1 where count is 0
+  return kept * acceptance + (1.0 - kept) * mean, seen + count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,14 +234,15 @@ class AdaptiveProposer:
       nxt = jnp.minimum(cols + 1, text.tokens.shape[1] - 1)
       token = jnp.maximum(text.tokens[rows, nxt], 0)
       p = state.plain_p[rows, nxt]
-      if sampling.is_greedy:
-        value = (jnp.argmax(logits, axis=-1) == token).astype(jnp.float32)
+      if sampling.is_greedy:  # the draft's greedy guess, as ``draft_chain.draw`` makes it
+        value = (sampling_lib.greedy(logits) == token).astype(jnp.float32)
       else:
         q = jnp.take_along_axis(sampling_lib.probabilities(logits, sampling), token[..., None],
                                 axis=-1)[..., 0]
         value = jnp.minimum(1.0, q / jnp.maximum(p, 1e-30))
       scored = fed & (p > 0) & active[:, None]
-      return jnp.sum(jnp.where(scored, value, 0.0), axis=1), jnp.sum(scored, axis=1, dtype=jnp.float32)
+      return (jnp.sum(jnp.where(scored, value, 0.0), axis=1),
+              jnp.sum(scored, axis=1, dtype=jnp.float32))
 
     inner, (total, count) = self.largest.sync(params, state.inner, text.tokens, text.lengths,
                                               self.num_candidates, score)

@@ -159,7 +159,8 @@ def sync(draft: Transformer, state: DraftChainState, text: jax.Array, lengths: j
     logits, cache = draft(chunk, state.cache)  # slots past a row's text are scratch
     lag = lagging(state)
     if score is not None:
-      sums = jax.tree.map(jnp.add, sums, score(logits, cols, lag[:, None] & (at < lengths[:, None])))
+      fed = lag[:, None] & (at < lengths[:, None])
+      sums = jax.tree.map(jnp.add, sums, score(logits, cols, fed))
     new = jnp.where(lag, jnp.minimum(start + width, lengths), start)
     return state.replace(cache=cache.with_lengths(new), behind=state.behind & ~lag), sums
 
