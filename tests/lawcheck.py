@@ -295,8 +295,9 @@ def _generate(*args, **kwargs) -> sj.GenerateOutput:
 def generate_rowwise(target, prompts, method, sampling, max_new_tokens, key, eos_token_id=None,
                      prompt_width=None):
   """``sj.generate``'s output for ``prompts`` (of one length) run as independent batches of one
-  row, the loop vmapped over the rows' keys (row i: ``fold_in(key, i)``). Under ``vmap`` the
-  loop's ``lax.switch`` runs every branch and keeps each row's own: the same law per row as a
+  row, the loop vmapped over the rows' keys (row i: ``fold_in(key, i)``). Under ``vmap`` a
+  batched ``while_loop`` (an adaptive menu entry's) runs while any row is in it and keeps each
+  row's own state: the same law per row as a
   batch-of-one run. Outputs and stats lead with the row axis."""
   from specjax.decoding import generate as generate_lib
 

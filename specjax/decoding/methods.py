@@ -320,7 +320,7 @@ class Adaptive:
   """Speculate only as much as pays: ``method`` (a chain method: ``Speculative``,
   ``SelfSpeculative``, ``PromptLookup`` or ``Jacobi``) run with a draft length chosen before each
   iteration from the menu ``choices`` (0: plain decoding), all entries compiled into the one
-  loop (``lax.switch`` over their pass shapes; ``specjax.proposers.adaptive``).
+  loop (a loop per entry, each of its own static pass shape; ``specjax.proposers.adaptive``).
 
   ``rule``: ``"cost"`` (default) picks the entry with the most modelled tokens per unit of
   ``costs`` (an ``sj.CostTable`` measured on the device, batch and context the run uses), from

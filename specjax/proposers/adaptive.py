@@ -2,7 +2,7 @@
 
 ``sj.Adaptive`` (``specjax.decoding.methods``) wraps a chain method; this proposer holds one
 proposer per menu entry, all sharing one state (room for the largest entry), and the loop runs
-the chosen entry's static pass shape through ``lax.switch`` (``specjax.decoding.loop``). The
+each entry in a loop of its own static pass shape (``specjax.decoding.loop``). The
 choice is made before the iteration from past iterations only (and, for the confidence rule,
 from the draft's own proposals), never from the target's verdict on the current iteration, so
 every iteration is an exact speculative step of some length and the output law is the target's.
