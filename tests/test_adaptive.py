@@ -29,6 +29,7 @@ from specjax import sampling as sampling_lib
 from specjax.decoding import loop
 from specjax.models.kv_cache import init_cache
 from specjax.proposers import adaptive as adaptive_lib
+from specjax.proposers.base import Outcome
 from specjax.proposers import draft_chain
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
@@ -96,7 +97,7 @@ class ChoiceTest(absltest.TestCase):
     out = sj.generate(target, GREEDY_PROMPTS, never, max_new_tokens=GREEDY_NEW)
     np.testing.assert_array_equal(np.asarray(out.tokens), expected)
     np.testing.assert_array_equal(np.asarray(out.stats.choice_counts), [GREEDY_NEW - 1, 0, 0, 0])
-    self.assertEqual(int(out.stats.draft_calls), 1)  # the prefill: a skipped draft never runs
+    self.assertEqual(int(out.stats.draft_calls), 1)  # the prefill: a skipped draft never drafts
 
     always = sj.Adaptive(sj.SelfSpeculative(skip=()), choices=MENU, costs=FLAT)
     out = sj.generate(target, GREEDY_PROMPTS, always, max_new_tokens=GREEDY_NEW)
@@ -184,18 +185,55 @@ class ChoiceTest(absltest.TestCase):
         self.assertEqual(int(looked.inner.cache.lengths[b]), lengths[b])  # caught up
       np.testing.assert_array_equal(got[2], 0.5)
       np.testing.assert_array_equal(got[:, 1:], 0.5)
-    # In the loop a look waits for a draft pass's worth of plain tokens (the largest choice):
-    # before that the rule stays plain without a catch-up, however good resuming looks.
-    good = state.replace(acceptance=jnp.full(state.acceptance.shape, 0.95), last=jnp.int32(0))
+    # In the loop a skipped draft follows the text a draft pass's worth of plain tokens (the
+    # largest choice) at a time, whatever the estimates say: before that the rule stays plain
+    # without a catch-up however good resuming looks; then it looks however bad.
     keys = jnp.zeros((3, MENU[-1], 2), jnp.uint32)
-    for run, looks in ((MENU[-1] - 1, False), (MENU[-1], True)):
-      index, after = proposer.choose(params, good.replace(plain_run=jnp.int32(run)),
-                                     jnp.asarray(pending), keys, S(0.0), active)
+    for estimate, run, looks in ((0.95, MENU[-1] - 1, False), (0.95, MENU[-1], True),
+                                 (0.0, MENU[-1], True)):
+      start = state.replace(acceptance=jnp.full(state.acceptance.shape, estimate),
+                            last=jnp.int32(0), plain_run=jnp.int32(run))
+      index, after = proposer.choose(params, start, jnp.asarray(pending), keys, S(0.0), active)
       caught_up = np.asarray(after.inner.cache.lengths)[:2] == lengths[:2]
-      self.assertEqual(bool(caught_up.all()), looks, msg=f"plain run {run}")
+      self.assertEqual(bool(caught_up.all()), looks, msg=f"plain run {run}, {estimate}")
       self.assertEqual(int(after.plain_run), 0 if looks else run)
       if not looks:
         self.assertEqual(int(index), 0)
+
+  def test_commit_observes_the_tested_positions_and_drifts_the_rest(self):
+    """After a speculating iteration of 2 drafts: the positions whose test ran take an EMA step
+    to the verifier's acceptance; a position the entry drafted but did not reach keeps its
+    estimate (no evidence); positions past the entry drift toward the prior. A skipped draft's
+    plain iteration leaves every estimate to the look."""
+    target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
+    method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=table(), decay=0.2,
+                         prior=0.5, forget=0.1)
+    proposer, params = method.proposer(target)
+    prompt = jnp.asarray([[3, 4, 5], [6, 7, 8]], jnp.int32)
+    lengths = jnp.asarray([3, 3], jnp.int32)
+    state = proposer.prefill(params, prompt, lengths, 16)
+    state = state.replace(acceptance=jnp.full(state.acceptance.shape, 0.3, jnp.float32),
+                          seen=jnp.full(state.seen.shape, 50.0, jnp.float32))  # an EMA
+    pending = jnp.asarray([9, 10], jnp.int32)
+    keys = jax.random.split(jax.random.key(0), (2, MENU[-1]))
+    vocab = TF_CONFIG.vocab_size
+    for entry, n in ((proposer.variants[2], (0, 1)), (proposer.variants[0], (0, 0))):
+      g = entry.gamma
+      candidates, proposed = entry.propose(params, state, pending, keys, S(1.0))
+      outcome = Outcome(target_length=lengths, path=jnp.full((2, max(g, 1)), -1, jnp.int32),
+                        num_accepted=jnp.asarray(n, jnp.int32), next_token=pending,
+                        active=jnp.asarray([True, True]),
+                        logits=jnp.zeros((2, 1 + g, vocab), jnp.float32),
+                        accept_prob=jnp.asarray([[0.2, 0.9], [0.6, 0.7]])[:, :g],
+                        sampling=S(1.0))
+      got = np.asarray(entry.commit(params, proposed, candidates, outcome).acceptance)
+      if g == 0:
+        np.testing.assert_allclose(got, 0.3)
+        continue
+      ema = lambda value: 0.8 * 0.3 + 0.2 * value
+      drifted = 0.3 + 0.1 * (0.5 - 0.3)
+      np.testing.assert_allclose(got, [[ema(0.2), 0.3, drifted], [ema(0.6), ema(0.7), drifted]],
+                                 rtol=1e-6)
 
   def test_margin_keeps_the_last_choice(self):
     """Hysteresis: at acceptance 0.5 under ``table()`` one draft models 1.5 / 1.4 = 1.071

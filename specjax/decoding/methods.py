@@ -326,9 +326,9 @@ class Adaptive:
   ``costs`` (an ``sj.CostTable`` measured on the device, batch and context the run uses), from
   per-row running estimates of the acceptance at each position (a running mean with ``prior`` as
   two observations, then an EMA of weight ``decay``; drift back to ``prior`` at rate ``forget``
-  for positions not observed; a skipped draft scored over the plain tokens before it resumes),
-  keeping the last
-  entry unless the best beats it by the factor ``1 + margin``; ``"schedule"`` is
+  for positions past the chosen entry's drafts; a skipped draft follows the text and is scored
+  over the plain tokens), keeping the last entry unless the best beats it by the factor
+  ``1 + margin``; ``"schedule"`` is
   Hugging Face's +2/-1 heuristic; ``"confidence"`` stops the draft when its own probability of
   its guess falls below ``threshold`` (HF's 0.4; draft models only). The choice depends only on
   past iterations and the draft's own proposals, so every rule is lossless (``sj.Sampling``'s

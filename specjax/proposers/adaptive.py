@@ -17,18 +17,18 @@ Rules (``RULES``):
   running average (the prior counting as ``PRIOR_WEIGHT`` observations, then an exponential
   moving average of weight ``decay`` on the newest observation: ``kept_weight``) of the verifier's
   exact acceptance probability (T > 0: ``sum_x min(p, q)`` for sampled drafts, ``p(x)`` for
-  deterministic ones; T = 0: the match indicator) at the positions whose test ran; positions not
-  observed drift back to ``prior`` at rate ``forget`` per iteration, which is what makes a row
-  that stopped speculating try again. With choice 0 a draft-free proposer still makes its first
-  guess (free) and the emitted token scores it; a draft model is skipped (no draft step at all)
-  and catches up with the committed text, ``sync``, when speculation resumes. That catch-up is
-  done before the choice is final (``look``): when the estimates say to resume, the draft is fed
-  the plain tokens and its guess after each is scored against the token the target drew (the
-  match at T = 0, ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is
-  ``sum_x min(p, q)``), and the choice is made again. A look waits for a draft pass's worth of
-  plain tokens (the largest choice), so a plain stretch costs at most one draft pass per that
-  many tokens, and a resumption follows what the draft would have done over the stretch, not a
-  guess from the drift alone.
+  deterministic ones; T = 0: the match indicator) at the positions whose test ran; positions
+  past the chosen entry's drafts drift back to ``prior`` at rate ``forget`` per iteration (what
+  makes a longer entry worth a try again), while a position the entry drafted but did not reach
+  keeps its estimate (drifting it would bias a hard text's estimates up). With choice 0 a
+  draft-free proposer still makes its first guess (free) and the emitted token scores it (the
+  deeper positions drift). A draft model is skipped (no draft step) and follows the text a
+  draft pass's worth of plain tokens (the largest choice) at a time (``look``): fed the plain
+  tokens, its guess after each is scored against the token the target drew (the match at
+  T = 0, ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is
+  ``sum_x min(p, q)``), and the choice is made with that. Its estimates do not drift in plain
+  iterations: a resumption rests on what the draft would have done over the stretch, at one
+  draft pass per that many plain tokens (the catch-up it would need anyway).
 * ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
   "heuristic"``): +2 drafts after an iteration in which every active row accepted all its
   drafts, else -1 (never below the smallest positive entry), starting at the largest entry.
@@ -188,18 +188,18 @@ class AdaptiveProposer:
     the schedule, or (confidence) the draft's own chain, drafted here."""
     choices = jnp.asarray(self.choices, jnp.int32)
     if self.rule == "cost":
-      best = self.best(state.acceptance, active, state.last)
       if self.looks and self.choices[0] == 0:
-        # About to resume a skipped draft: look first (the catch-up it needs anyway), and
-        # choose again with what its guesses at the plain tokens say. A look waits for a draft
-        # pass's worth of plain tokens (num_candidates), so that looks cost at most one draft
-        # pass per that many plain tokens however often the drift makes resuming look good.
+        # A skipped draft follows the text a draft pass's worth of plain tokens
+        # (num_candidates) at a time, scoring its guesses at them (the look): the evidence the
+        # choice to resume rests on, at one draft pass per that many plain tokens.
         plain = state.last == 0
         ready = state.plain_run >= self.num_candidates
-        state = jax.lax.cond(plain & ready & (best > 0),
+        state = jax.lax.cond(plain & ready,
                              lambda s: self.look(params, s, pending, sampling, active),
                              lambda s: s, state)
         best = jnp.where(plain & ~ready, 0, self.best(state.acceptance, active, state.last))
+      else:
+        best = self.best(state.acceptance, active, state.last)
       return best, state.replace(last=best)
     if self.rule == "schedule":
       return jnp.sum(choices <= state.gamma).astype(jnp.int32) - 1, state
@@ -299,7 +299,12 @@ class MenuEntry(GammaChain):
     active, n = outcome.active, outcome.num_accepted
     text = state.text.commit(candidates.tokens, outcome)
     pos = jnp.arange(parent.num_candidates)[None, :]
-    drifting = jnp.broadcast_to(active[:, None], state.acceptance.shape)
+    # Positions past this entry's drafts drift back to the prior (what makes a longer entry
+    # worth a try again); positions it tested but did not reach keep their estimate (no
+    # evidence, and drifting them to the prior biases a hard text's estimates upward). A
+    # skipped draft's plain iterations leave every estimate to the look.
+    live = active[:, None] & (pos >= 0)  # bool[B, G]
+    drifting = live & (pos >= g) & (g > 0 or not parent.looks)
     if g == 0:
       inner, values = state.inner, jnp.zeros_like(state.acceptance)
       observed = jnp.zeros_like(drifting)
@@ -310,12 +315,12 @@ class MenuEntry(GammaChain):
         inner = parent.shadow.commit(params, state.inner, guess, outcome)
         hit = (outcome.next_token == state.shadow).astype(jnp.float32)
         values = jnp.broadcast_to(hit[:, None], values.shape)
-        observed = drifting & (pos == 0)
+        observed = live & (pos == 0)
     else:
       inner = parent.proposers[self.index].commit(params, state.inner, candidates, outcome)
       values = jnp.pad(outcome.accept_prob.astype(jnp.float32),
                        ((0, 0), (0, parent.num_candidates - g)))
-      observed = drifting & (pos < jnp.minimum(n + 1, g)[:, None])
+      observed = live & (pos < jnp.minimum(n + 1, g)[:, None])
     acceptance, seen = observe(state.acceptance, state.seen, observed, values, parent.decay,
                                drifting, parent.prior, parent.forget)
     gamma = state.gamma
