@@ -138,7 +138,7 @@ class ChoiceTest(absltest.TestCase):
     self.assertLess(stale.stats.expected_alpha, 0.999)
 
   def test_look_scores_the_skipped_drafts_guesses(self):
-    """Before a skipped draft resumes (rule "cost"), it catches up with the text and its guess
+    """In a plain stretch (rule "cost") a skipped draft catches up with the text and its guess
     after each token is scored against the plain token that came; position 0's estimate takes
     them as ``count`` EMA steps to their mean. Reference: the draft's logits from one pass over
     the whole text; scored: the tokens it had not seen that plain iterations drew (p > 0),

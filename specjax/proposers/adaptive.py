@@ -145,8 +145,8 @@ class AdaptiveProposer:
 
   @property
   def looks(self) -> bool:
-    """Rule "cost" over a skipped draft model: before speculation resumes, the draft catches up
-    with the text and its guesses at the plain tokens are scored (``look``)."""
+    """Rule "cost" over a skipped draft model: in plain stretches the draft catches up with the
+    text a pass's worth of tokens at a time and its guesses at them are scored (``look``)."""
     return self.syncs and self.rule == "cost"
 
   @property
@@ -303,7 +303,7 @@ class MenuEntry(GammaChain):
     # worth a try again); positions it tested but did not reach keep their estimate (no
     # evidence, and drifting them to the prior biases a hard text's estimates upward). A
     # skipped draft's plain iterations leave every estimate to the look.
-    live = active[:, None] & (pos >= 0)  # bool[B, G]
+    live = jnp.broadcast_to(active[:, None], state.acceptance.shape)
     drifting = live & (pos >= g) & (g > 0 or not parent.looks)
     if g == 0:
       inner, values = state.inner, jnp.zeros_like(state.acceptance)
