@@ -214,10 +214,14 @@ def adaptive_menu(choices, rule: str) -> tuple[int, ...]:
   return tuple(range(1, max(choices) + 1)) if rule == "confidence" else choices
 
 
-def adaptive_table(cost: dict, base: str) -> dict | None:
+def adaptive_table(cost: dict, base: str, temperature: float = 0.0) -> dict | None:
   """The ``CostTable`` (its ``to_dict``) measured for ``base``'s passes in the run's ``cost``
-  dict (``timing.measure_run_costs``): the chain pair's, the self-draft's, or the draft-free
-  one (draft step 0). None when it was not measured."""
+  dict (``timing.measure_run_costs``): at T > 0 the one timed at that sampling
+  (``cost["sampled"]``) when there is one; else the chain pair's, the self-draft's, or the
+  draft-free one (draft step 0). None when it was not measured."""
+  sampled = (cost.get("sampled") or {}).get(f"{float(temperature):g}", {}).get(base)
+  if temperature > 0 and sampled:
+    return sampled
   where = {"speculative": cost, "self_speculative": cost.get("self_speculative") or {}}
   return where.get(base, cost.get("draft_free") or {}).get("table")
 

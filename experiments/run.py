@@ -226,8 +226,8 @@ def run_experiment(config, command: str | None = None) -> dict:
     # The cost ratio c and every setting's pass costs, inside jitted loops at the run's batch.
     cost = measure_run_costs(config, models.sj, settings, prompt_lengths, bsz)
     # Each adaptive setting decides by (and its row records) the table measured for its base.
-    settings = [dict(s, cost_table=adaptive_table(cost, s["base"])) if s.get("rule") else s
-                for s in settings]
+    settings = [dict(s, cost_table=adaptive_table(cost, s["base"], s["temperature"]))
+                if s.get("rule") else s for s in settings]
 
     runner = Runner(config, models, prompt_width=max(prompt_lengths))
     records = [dict(s, warmup_s=0.0, times=[], tokens=[], first_batch_s=[], stats=StatsSum(),

@@ -34,9 +34,8 @@ def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths
                       batch: int) -> dict:
   """The run's ``cost`` dict: the draft pair's steps, verification passes and bare iterations
   (``models`` has a draft), the self-speculative draft's (measured apart), and the draft-free
-  passes (``cost["draft_free"]``; from the draft's measurement when there is one)."""
-  import numpy as np
-
+  passes (``cost["draft_free"]``; from the draft's measurement when there is one), all greedy;
+  and ``cost["sampled"]``: the tables of the adaptive settings at T > 0 (``sampled_tables``)."""
   from specjax import costs
   from specjax.models.layer_skip import skip_layers
 
@@ -49,12 +48,11 @@ def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths
     return sorted(widths - {0})
 
   cost: dict = {}
-  context = int(np.mean(prompt_lengths)) + int(config.max_new_tokens) // 2
   tree_nodes, passes = passes_of(TREE, HEAD), passes_of(PASS)
   heads = {m: models[METHODS[m].head] for m in config.methods if METHODS[m].head}
   spec_gammas, self_gammas = chain_gammas(config, CHAIN), chain_gammas(config, SELF)
-  cache_len = (max(prompt_lengths) + int(config.max_new_tokens)
-               + max([*tuple(config.gammas), *tree_nodes, *spec_gammas, *self_gammas, 0]) + 2)
+  context, cache_len = _context(config, prompt_lengths, [
+      *tuple(config.gammas), *tree_nodes, *spec_gammas, *self_gammas])
   if "draft" in models or heads:
     # Verification passes over gamma + 1 tokens, over a tree's N + 1 (the mask does not change
     # the cost) and over the draft-free settings' 1 + N, all in one measurement.
@@ -90,4 +88,47 @@ def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths
     _log("[run]   draft-free passes, in target steps: " + ", ".join(
         f"1 + {n} tokens {steps['target_verify_ms'][str(n)] / steps['target_step_ms']:.2f}"
         for n in passes))
+  sampled = sampled_tables(config, models, settings, prompt_lengths, batch)
+  if sampled:
+    cost["sampled"] = sampled
   return cost
+
+
+def _context(config, prompt_lengths: list[int], widest) -> tuple[int, int]:
+  """(context, cache length) of the run's timings: the mean prompt plus half the new tokens in
+  the cache, room for the longest prompt, the new tokens and the ``widest`` pass's drafts."""
+  import numpy as np
+  context = int(np.mean(prompt_lengths)) + int(config.max_new_tokens) // 2
+  return context, max(prompt_lengths) + int(config.max_new_tokens) + max([*widest, 0]) + 2
+
+
+def sampled_tables(config, models: dict, settings: list[dict], prompt_lengths: list[int],
+                   batch: int) -> dict:
+  """``{temperature: {base: CostTable.to_dict()}}`` for the cost rule's adaptive settings at
+  T > 0: their base's passes and bare iterations timed again at the run's sampling (a sampled
+  iteration draws its drafts and applies rejection sampling: it costs more than the greedy
+  iterations of the run's main table, which would make the rule speculate where it does not
+  pay). Keys are the temperatures as ``f"{t:g}"``."""
+  from specjax import costs
+  from specjax.models.layer_skip import skip_layers
+  from specjax.sampling import Sampling
+  chosen = [s for s in settings if s.get("rule") == "cost" and s["temperature"] > 0]
+  out: dict = {}
+  for t in sorted({s["temperature"] for s in chosen}):
+    sampling = Sampling(temperature=t, top_k=int(config.top_k), top_p=float(config.top_p))
+    for base in sorted({s["base"] for s in chosen if s["temperature"] == t}):
+      menu = sorted({k for s in chosen if s["temperature"] == t and s["base"] == base
+                     for k in s["choices"] if k > 0})
+      context, cache_len = _context(config, prompt_lengths, menu)
+      kind = METHODS[base].cost_model
+      if kind == PASS:  # one target pass over 1 + k tokens per iteration
+        pair, widths, gammas = {"target": models["target"]}, (1, *(k + 1 for k in menu)), ()
+      else:
+        draft = (models["draft"] if kind == CHAIN
+                 else skip_layers(models["target"], tuple(config.skip)))
+        pair, widths, gammas = {"target": models["target"], "draft": draft}, (1,), tuple(menu)
+      _log(f"[run] measuring {base}'s passes at T = {t:g} (adaptive menu {menu})")
+      table = costs.measure(pair, batch, context, cache_len, widths=widths, gammas=gammas,
+                            sampling=sampling)[0].to_dict()
+      out.setdefault(f"{t:g}", {})[base] = table
+  return out

@@ -106,6 +106,28 @@ class ChoiceTest(absltest.TestCase):
     self.assertEqual(counts[:3].sum(), 0, msg=str(counts))
     self.assertEqual(int(np.sum(out.stats.accepted)), int(np.sum(out.stats.proposed)))
 
+  def test_warns_when_its_table_was_timed_at_another_sampling(self):
+    """Sampled iterations cost more than greedy ones: a run whose sampling is not the cost
+    table's gets a warning saying so (greedy settings that differ only in top-k are alike)."""
+    import dataclasses
+    import warnings
+    target, inner = methods()
+    hot = S(1.0)
+
+    def warned(costs, sampling):
+      method = sj.Adaptive(inner["prompt_lookup"], choices=(0, 1), costs=costs)
+      with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sj.generate(target, GREEDY_PROMPTS[:1], method, sampling, 2, key=jax.random.key(0))
+      return [str(w.message) for w in caught if "cost table" in str(w.message)]
+
+    message = warned(table(), hot)
+    self.assertLen(message, 1)
+    self.assertIn("measured at Sampling(temperature=0.0, top_k=0, top_p=1.0), this run samples "
+                  "at Sampling(temperature=1.0", message[0])
+    self.assertEqual(warned(dataclasses.replace(table(), sampling=hot), hot), [])
+    self.assertEqual(warned(table(), S(0.0, top_k=3)), [])
+
   def test_skipped_draft_catches_up(self):
     """A self-draft (q = p) accepts everything only if its cache holds exactly the text: forced
     to alternate plain decoding and 3 drafts, every draft is still accepted (the catch-up feeds

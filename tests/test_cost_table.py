@@ -96,6 +96,25 @@ class CostTableTest(absltest.TestCase):
       table.save(path)
       self.assertEqual(CostTable.load(path), table)
 
+  def test_sampling_round_trip(self):
+    """The sampling a table was timed at travels with it; a table saved before the field (no
+    ``sampling`` key) was timed greedy."""
+    table = _table(sampling=sj.Sampling(temperature=0.7, top_k=5, top_p=0.9))
+    data = json.loads(table.to_json())
+    self.assertEqual(data["sampling"], {"temperature": 0.7, "top_k": 5, "top_p": 0.9})
+    self.assertEqual(CostTable.from_dict(data), table)
+    self.assertNotEqual(table, _table())
+    old = {k: v for k, v in _table().to_dict().items() if k != "sampling"}
+    self.assertEqual(CostTable.from_dict(old).sampling, sj.Sampling(temperature=0.0))
+    with self.assertRaisesRegex(ValueError, r"^sampling = 1\.0 must be an sj\.Sampling$"):
+      _table(sampling=1.0)
+    for bad, message in (({"temperature": -1.0}, r"temperature must be >= 0, got -1\.0"),
+                         ({"temp": 1.0}, r"sampling = \{'temp': 1\.0\} must be an object of "
+                                         r"temperature, top_k, top_p")):
+      with self.subTest(bad=bad):
+        with self.assertRaisesRegex(ValueError, message):
+          CostTable.from_dict({**_table().to_dict(), "sampling": bad})
+
   def test_load_errors(self):
     good = _table().to_dict()
     cases = (
@@ -156,6 +175,39 @@ class MeasureTest(absltest.TestCase):
     self.assertEqual((table.batch, table.context), (2, 5))
     self.assertGreater(table.target_step_ms, 0)
     self.assertIn("cpu", table.device.lower())
+
+  def test_measured_at_the_runs_sampling(self):
+    """A table timed at T > 0 says so, and its jobs really sample: a bare iteration's token
+    (rejection sampling's) and a step's (a draw) differ from the greedy ones on a random model
+    with a near-flat law, while greedy runs give the argmax."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from specjax import cost_timing
+    from specjax.models.kv_cache import init_cache
+    hot = sj.Sampling(temperature=1.0)
+    table = CostTable.measure(self.target, self.draft, batch=2, context=5, cache_length=16,
+                              gammas=(2,), sampling=hot, **FAST)
+    self.assertEqual(table.sampling, hot)
+    self.assertEqual(sorted(table.iteration), [2])
+    self.assertEqual(CostTable.measure(self.target, batch=1, context=3, cache_length=8,
+                                       **FAST).sampling, sj.Sampling(temperature=0.0))
+    batch = 16
+    cache = lambda: init_cache(CONFIG, batch, 16).with_lengths(jnp.full((batch,), 5, jnp.int32))
+    splits = (*nnx.split(self.target), *nnx.split(self.draft))
+    iterations = cost_timing._bare_iterations_fn()
+    steps = cost_timing._steps_fn()
+    tokens = jnp.ones((batch, 1), jnp.int32)
+    out = {}
+    for name, sampling in (("greedy", sj.Sampling(temperature=0.0)), ("hot", hot)):
+      out[name] = (iterations(*splits[:2], *splits[2:], cache(), cache(), 2, 1, sampling)[0],
+                   steps(*nnx.split(self.target), tokens, cache(), 1, sampling)[0][:, 0])
+    logits, _ = self.target(tokens, cache())
+    argmax = jnp.argmax(logits[:, -1], axis=-1)
+    self.assertTrue(bool(jnp.all(out["greedy"][1] == argmax)))
+    self.assertFalse(bool(jnp.all(out["hot"][1] == argmax)))  # 16 rows of a ~flat law
+    self.assertFalse(bool(jnp.all(out["hot"][0] == out["greedy"][0])))
+    jax.block_until_ready(out)
 
   def test_measure_step_costs_carries_its_table(self):
     cost = costs.measure_step_costs({"target": self.target, "draft": self.draft}, 2, 5, 16,

@@ -120,6 +120,36 @@ class AdaptiveCostsTest(parameterized.TestCase):
       self.assertEqual((method.rule, method.choices, method.gamma), (s["rule"], (0, 1, 3), 3))
 
 
+  @parameterized.parameters(("speculative",), ("prompt_lookup",))
+  def test_sampled_settings_decide_by_a_sampled_table(self, base):
+    """At T > 0 the cost rule's table is its base's passes timed again at the run's sampling
+    (``timing.sampled_tables``); at T = 0 the run's greedy one; other rules get no extra
+    measurement."""
+    import specjax as sj
+    from experiments import methods, random_models, run, runconfig
+    from experiments.timing import measure_run_costs
+    target, draft = random_models.random_pair(seed=0)
+    config = _tiny(f"methods=adaptive,adaptive_method={base},adaptive_choices=0/1/3,"
+                   f"adaptive_rules=cost/schedule,batch=2,top_k=4")
+    config.temperatures = (0.0, 0.5)
+    runconfig.validate(config)
+    settings = run.make_settings(config)
+    cost = measure_run_costs(config, {"target": target, "draft": draft}, settings, [8, 10], 2)
+    self.assertEqual(sorted(cost["sampled"]), ["0.5"])
+    self.assertEqual(sorted(cost["sampled"]["0.5"]), [base])
+    hot = sj.CostTable.from_dict(methods.adaptive_table(cost, base, 0.5))
+    self.assertEqual(hot.sampling, sj.Sampling(temperature=0.5, top_k=4))
+    for k in (0, 1, 3):
+      self.assertGreater(hot.chain_cost(k), 0)
+    cold = sj.CostTable.from_dict(methods.adaptive_table(cost, base, 0.0))
+    self.assertEqual(cold.sampling, sj.Sampling(temperature=0.0))
+    self.assertEqual(methods.adaptive_table(cost, base, 1.0), methods.adaptive_table(cost, base))
+    config.adaptive_rules = ("schedule",)
+    settings = run.make_settings(config)
+    cost = measure_run_costs(config, {"target": target, "draft": draft}, settings, [8, 10], 2)
+    self.assertNotIn("sampled", cost)
+
+
 class AdaptiveConfigTest(parameterized.TestCase):
 
   @parameterized.named_parameters(

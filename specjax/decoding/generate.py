@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Sequence
 
 import flax.struct
@@ -148,6 +149,14 @@ def _loop_arguments(model, prompts, method, sampling, max_new_tokens, key, eos_t
                  (int(prompt_width), "prompt_width"))
   check_context(model, "target", width, max_new_tokens, what)
   method.validate(model, width, max_new_tokens, what)
+  table = getattr(method, "costs", None)  # sj.Adaptive's rule "cost" decides by a CostTable
+  timed = getattr(table, "sampling", sampling)
+  if (getattr(method, "rule", None) == "cost" and timed != sampling
+      and not (timed.is_greedy and sampling.is_greedy)):
+    warnings.warn(f"sj.Adaptive's cost table was measured at {table.sampling}, this run samples "
+                  f"at {sampling}: sampled iterations cost more than greedy ones, so the rule "
+                  f"decides by costs that are not this run's (measure the table with "
+                  f"sj.CostTable.measure(..., sampling=))", stacklevel=2)
 
   placement = None
   if mesh is not None or sharding_rules is not None or draft_sharding != "rules":
