@@ -207,12 +207,13 @@ class ChoiceTest(absltest.TestCase):
         self.assertEqual(int(looked.inner.cache.lengths[b]), lengths[b])  # caught up
       np.testing.assert_array_equal(got[2], 0.5)
       np.testing.assert_array_equal(got[:, 1:], 0.5)
-    # In the loop a skipped draft follows the text a draft pass's worth of plain tokens (the
+    # In the loop a skipped draft follows the text ``look_span`` plain tokens (twice the
     # largest choice) at a time, whatever the estimates say: before that the rule stays plain
     # without a catch-up however good resuming looks; then it looks however bad.
     keys = jnp.zeros((3, MENU[-1], 2), jnp.uint32)
-    for estimate, run, looks in ((0.95, MENU[-1] - 1, False), (0.95, MENU[-1], True),
-                                 (0.0, MENU[-1], True)):
+    span = proposer.look_span
+    self.assertEqual(span, 2 * MENU[-1])
+    for estimate, run, looks in ((0.95, span - 1, False), (0.95, span, True), (0.0, span, True)):
       start = state.replace(acceptance=jnp.full(state.acceptance.shape, estimate),
                             last=jnp.int32(0), plain_run=jnp.int32(run))
       index, after = proposer.choose(params, start, jnp.asarray(pending), keys, S(0.0), active)

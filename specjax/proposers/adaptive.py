@@ -23,12 +23,12 @@ Rules (``RULES``):
   keeps its estimate (drifting it would bias a hard text's estimates up). With choice 0 a
   draft-free proposer still makes its first guess (free) and the emitted token scores it (the
   deeper positions drift). A draft model is skipped (no draft step) and follows the text a
-  draft pass's worth of plain tokens (the largest choice) at a time (``look``): fed the plain
-  tokens, its guess after each is scored against the token the target drew (the match at
+  span of plain tokens at a time (``look_span``: ``LOOK_SPAN`` x the largest choice, the
+  ``look``): fed the plain tokens, its guess after each is scored against the token the target drew (the match at
   T = 0, ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is
   ``sum_x min(p, q)``), and the choice is made with that. Its estimates do not drift in plain
   iterations: a resumption rests on what the draft would have done over the stretch, at one
-  draft pass per that many plain tokens (the catch-up it would need anyway).
+  draft pass per span (the catch-up it would need anyway).
 * ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
   "heuristic"``): +2 drafts after an iteration in which every active row accepted all its
   drafts, else -1 (never below the smallest positive entry), starting at the largest entry.
@@ -53,6 +53,12 @@ from specjax.proposers.draft_chain import GammaChain
 from specjax.proposers.draft_free import TokenHistory
 
 RULES = options.ADAPTIVE_RULES
+# A skipped draft looks (catches up and is scored) every LOOK_SPAN x the largest choice plain
+# tokens, in passes that wide: on XLA:CPU SmolLM2's draft passes over 6 / 12 / 24 tokens cost
+# 1.8 / 2.5 / 3.5 draft steps, so looks every 12 tokens cost ~0.2 target steps per 12 plain
+# tokens where every 6 cost 0.3 (measured: looks every 6 were ~3% of plain decoding at T = 1),
+# for a resumption at most 12 tokens late.
+LOOK_SPAN = 2
 
 
 @flax.struct.dataclass
@@ -150,6 +156,11 @@ class AdaptiveProposer:
     return self.syncs and self.rule == "cost"
 
   @property
+  def look_span(self) -> int:
+    """Plain tokens between looks, and the width of a look's draft pass (``LOOK_SPAN``)."""
+    return LOOK_SPAN * self.choices[-1]
+
+  @property
   def num_candidates(self) -> int:
     return self.choices[-1]
 
@@ -189,11 +200,11 @@ class AdaptiveProposer:
     choices = jnp.asarray(self.choices, jnp.int32)
     if self.rule == "cost":
       if self.looks and self.choices[0] == 0:
-        # A skipped draft follows the text a draft pass's worth of plain tokens
-        # (num_candidates) at a time, scoring its guesses at them (the look): the evidence the
-        # choice to resume rests on, at one draft pass per that many plain tokens.
+        # A skipped draft follows the text ``look_span`` plain tokens at a time, scoring its
+        # guesses at them (the look): the evidence the choice to resume rests on, at one draft
+        # pass per span.
         plain = state.last == 0
-        ready = state.plain_run >= self.num_candidates
+        ready = state.plain_run >= self.look_span
         state = jax.lax.cond(plain & ready,
                              lambda s: self.look(params, s, pending, sampling, active),
                              lambda s: s, state)
@@ -245,7 +256,7 @@ class AdaptiveProposer:
               jnp.sum(scored, axis=1, dtype=jnp.float32))
 
     inner, (total, count) = self.largest.sync(params, state.inner, text.tokens, text.lengths,
-                                              self.num_candidates, score)
+                                              self.look_span, score)
     first, seen = observe_many(state.acceptance[:, 0], state.seen[:, 0], count,
                                total / jnp.maximum(count, 1.0), self.decay)
     return state.replace(inner=inner, acceptance=state.acceptance.at[:, 0].set(first),
