@@ -57,8 +57,11 @@ class Runner:
 
   def method(self, s: dict):
     """(role, sj method) of setting ``s``: its ``METHODS`` entry built once per (sweep value,
-    mesh) on the models placed on that mesh."""
-    key = (s["method"], s["gamma"], s.get("tree"), s.get("mesh", ""), s.get("rule"))
+    mesh) on the models placed on that mesh, and per temperature for an adaptive setting (its
+    cost table is the one timed at its temperature)."""
+    table = s.get("cost_table")
+    key = (s["method"], s["gamma"], s.get("tree"), s.get("mesh", ""), s.get("rule"),
+           None if table is None else s["temperature"])
     if key not in self.methods:
       entry = METHODS[s["method"]]
       self.methods[key] = (entry.role,

@@ -150,6 +150,26 @@ class AdaptiveCostsTest(parameterized.TestCase):
     self.assertNotIn("sampled", cost)
 
 
+  def test_each_temperature_runs_with_its_own_table(self):
+    """A run at T = 0 and T = 1: the T = 1 setting decides by the table timed at T = 1 (the
+    runner builds its method apart; reusing the T = 0 one made ``generate`` warn that the
+    table's sampling is not the run's)."""
+    import warnings
+    from experiments import run
+    config = _tiny("methods=adaptive,adaptive_rules=cost,adaptive_choices=0/1/2,repeats=1,n=4,"
+                   "batch=2,num_prompts=2,plots=false,progress=false")
+    config.temperatures = (0.0, 1.0)
+    with tempfile.TemporaryDirectory() as tmp:
+      config.output_dir = tmp
+      with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = run.run_experiment(config)
+    self.assertEqual([str(w.message) for w in caught if "cost table" in str(w.message)], [])
+    tables = {e["temperature"]: e["cost_table"]["sampling"]["temperature"]
+              for e in results["settings"] if e["method"] == "adaptive"}
+    self.assertEqual(tables, {0.0: 0.0, 1.0: 1.0})
+
+
 class AdaptiveConfigTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
