@@ -259,7 +259,12 @@ class AdaptiveProposer:
                                               self.look_span, score)
     first, seen = observe_many(state.acceptance[:, 0], state.seen[:, 0], count,
                                total / jnp.maximum(count, 1.0), self.decay)
-    return state.replace(inner=inner, acceptance=state.acceptance.at[:, 0].set(first),
+    # The look scores first guesses only; a deeper position is taken to accept no more than the
+    # first (its estimate capped at the first's): left at an optimistic prior, it made the rule
+    # resume long chains on a noisy first estimate (T = 1).
+    capped = jnp.where((count > 0)[:, None], jnp.minimum(state.acceptance, first[:, None]),
+                       state.acceptance)
+    return state.replace(inner=inner, acceptance=capped.at[:, 0].set(first),
                          seen=state.seen.at[:, 0].set(seen), plain_run=jnp.int32(0))
 
   def sync_inner(self, params, state: AdaptiveState):
