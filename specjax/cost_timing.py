@@ -267,7 +267,8 @@ def time_passes(models: dict, batch: int, context: int, cache_length: int, width
       break
   medians = {name: statistics.median(v) for name, v in times.items()}
   device = jax.devices()[0]
-  result = {"device": f"{device.device_kind} ({device.platform})", "batch": batch, "context": context, "steps_per_call": k,
+  result = {"device": f"{device.device_kind} ({device.platform})", "batch": batch,
+            "context": context, "steps_per_call": k,
             "iterations": len(times["target_w1"]), "compile_s": compile_s, "seconds": medians,
             "target_step_ms": medians["target_w1"] * 1e3}
   if "draft_w1" in medians:

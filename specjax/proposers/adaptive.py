@@ -24,9 +24,10 @@ Rules (``RULES``):
   draft-free proposer still makes its first guess (free) and the emitted token scores it (the
   deeper positions drift). A draft model is skipped (no draft step) and follows the text a
   span of plain tokens at a time (``look_span``: ``LOOK_SPAN`` x the largest choice, the
-  ``look``): fed the plain tokens, its guess after each is scored against the token the target drew (the match at
-  T = 0, ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is
-  ``sum_x min(p, q)``), and the choice is made with that. Its estimates do not drift in plain
+  ``look``): fed the plain tokens, its guess after each is scored against the token the target
+  drew (the match at T = 0, ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is
+  ``sum_x min(p, q)``), and the choice is made with that; the deeper positions, which a look does
+  not score, are capped at the first's new estimate. Its estimates do not drift in plain
   iterations: a resumption rests on what the draft would have done over the stretch, at one
   draft pass per span (the catch-up it would need anyway).
 * ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
@@ -152,7 +153,7 @@ class AdaptiveProposer:
   @property
   def looks(self) -> bool:
     """Rule "cost" over a skipped draft model: in plain stretches the draft catches up with the
-    text a pass's worth of tokens at a time and its guesses at them are scored (``look``)."""
+    text ``look_span`` tokens at a time and its guesses at them are scored (``look``)."""
     return self.syncs and self.rule == "cost"
 
   @property
@@ -234,7 +235,8 @@ class AdaptiveProposer:
   def look(self, params, state: AdaptiveState, pending, sampling, active) -> AdaptiveState:
     """The skipped draft caught up with the text (pending included) and its guess after each
     token scored against the plain token that came: position 0's estimate gets one observation
-    per scored token (``observe_many``). The observation is the acceptance that guess would have
+    per scored token (``observe_many``), and a scored row's deeper estimates are capped at it.
+    The observation is the acceptance that guess would have
     had, in expectation over the target's draw: at T = 0 the match; at T > 0 ``min(1, q(x) /
     p(x))`` for the token x the target drew from p, whose mean is ``sum_x min(p, q)``, the
     acceptance of a draft drawn from q (Leviathan et al. 2023, Sec. 3.1). Past tokens only."""
