@@ -6,6 +6,7 @@ r"""Adaptive draft lengths against fixed gammas on SmolLM2-135M-Instruct (issue 
     python -m experiments.run --config=configs/adaptive.py:batch=4
     python -m experiments.run --config=configs/adaptive.py:batch=8
     python -m experiments.run --config=configs/adaptive.py:prompts=chat,batch=8,temperature=1
+    python -m experiments.run --config=configs/adaptive.py:temperature=1,num_prompts=8,stop_at_eos=False
 
 ``sj.Adaptive`` over the distilled draft (``smollm2-draft``, trained on first use): a draft
 length per iteration from the menu 0, 1, 2, 3, 4, 6 (0: plain decoding) by the run's measured
@@ -14,6 +15,9 @@ confidence (``confidence``, every length 1..6), next to the fixed chains at gamm
 autoregressive decoding in the same interleaved run, at T = 0 and T = 1. The report puts the
 adaptive rows in the speed table and prints each one's histogram of choices; results.json holds
 the cost tables they decided by. Greedy rows equal autoregressive decoding's (the report checks).
+At T = 1 with EOS each setting samples answers of its own lengths (a shorter one carries more of
+its prefill per token), so over 4 prompts tok/s compares different work; ``stop_at_eos=False``
+decodes ``max_new_tokens`` in every row (the last command; docs/benchmarks.md, runs N and O).
 """
 
 from experiments import runconfig

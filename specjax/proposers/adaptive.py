@@ -236,10 +236,10 @@ class AdaptiveProposer:
     """The skipped draft caught up with the text (pending included) and its guess after each
     token scored against the plain token that came: position 0's estimate gets one observation
     per scored token (``observe_many``), and a scored row's deeper estimates are capped at it.
-    The observation is the acceptance that guess would have
-    had, in expectation over the target's draw: at T = 0 the match; at T > 0 ``min(1, q(x) /
-    p(x))`` for the token x the target drew from p, whose mean is ``sum_x min(p, q)``, the
-    acceptance of a draft drawn from q (Leviathan et al. 2023, Sec. 3.1). Past tokens only."""
+    The observation is the acceptance that guess would have had, in expectation over the
+    target's draw: at T = 0 the match; at T > 0 ``min(1, q(x) / p(x))`` for the token x the
+    target drew from p, whose mean is ``sum_x min(p, q)``, the acceptance of a draft drawn from
+    q (Leviathan et al. 2023, Sec. 3.1). Past tokens only."""
     text = state.text.with_pending(pending)
     rows = jnp.arange(pending.shape[0])[:, None]
 
