@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,7 +111,6 @@ class ChoiceTest(absltest.TestCase):
   def test_warns_when_its_table_was_timed_at_another_sampling(self):
     """Sampled iterations cost more than greedy ones: a run whose sampling is not the cost
     table's gets a warning saying so (greedy settings that differ only in top-k are alike)."""
-    import dataclasses
     import warnings
     target, inner = methods()
     hot = S(1.0)
@@ -133,7 +134,6 @@ class ChoiceTest(absltest.TestCase):
     to alternate plain decoding and 3 drafts, every draft is still accepted (the catch-up feeds
     what the skipped iterations committed); without the catch-up, drafts are rejected."""
     target = random_transformer(TF_CONFIG, 0)
-    method = sj.Adaptive(sj.SelfSpeculative(skip=()), choices=(0, 3), costs=FLAT)
 
     def alternate(self, params, state, pending, keys, sampling, active):
       del self, params, pending, keys, sampling, active
@@ -141,6 +141,8 @@ class ChoiceTest(absltest.TestCase):
       return jnp.where(state.text.lengths[0] % 5 < 2, 0, 1).astype(jnp.int32), state
 
     def run(sampling, *patches):
+      costs = dataclasses.replace(FLAT, sampling=sampling)  # timed at the run's sampling
+      method = sj.Adaptive(sj.SelfSpeculative(skip=()), choices=(0, 3), costs=costs)
       with patched(((adaptive_lib.AdaptiveProposer, "choose", alternate),) + patches):
         return sj.generate(target, GREEDY_PROMPTS, method, sampling, 3 * GREEDY_NEW,
                            key=jax.random.key(0))
@@ -339,7 +341,8 @@ class LawTest(absltest.TestCase):
 
   def test_cost_rule_and_a_peeking_rule(self):
     _, draft = law_pair()
-    close = table((1.0, 1.1, 1.2, 1.3), 0.05)  # every entry near the best at this acceptance
+    # every entry near the best at this acceptance; timed at the law run's sampling
+    close = dataclasses.replace(table((1.0, 1.1, 1.2, 1.3), 0.05), sampling=S(1.0))
     method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=close, prior=0.6)
     clean = self.law(method, "adaptive_cost")
     self.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
