@@ -149,7 +149,6 @@ class AdaptiveCostsTest(parameterized.TestCase):
     cost = measure_run_costs(config, {"target": target, "draft": draft}, settings, [8, 10], 2)
     self.assertNotIn("sampled", cost)
 
-
   def test_each_temperature_runs_with_its_own_table(self):
     """A run at T = 0 and T = 1: the T = 1 setting decides by the table timed at T = 1 (the
     runner builds its method apart; reusing the T = 0 one made ``generate`` warn that the
