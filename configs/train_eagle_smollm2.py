@@ -11,18 +11,23 @@ SmolLM2's own LM head; it starts as a pass-through of the feature (``init_eagle_
 uniform noise of width 0.2 on the input features; the CE over the 8192 ids most frequent in the
 answers (``loss_vocab``: all 49152 made the step ~3x dearer; drafting still uses every id).
 
-Data (``experiments/eagle_phase.py``'s defaults): SmolLM2's greedy answers (96 tokens) to 96
-instructions and 32 stdlib code windows, ~11.6k answer tokens, plus 384 rows of reference chats and
-stdlib source (61k tokens), sampled half and half, in rows of 160 tokens; 8 answer rows held out.
+Data: SmolLM2's greedy answers (96 tokens) to 288 instructions and 96 stdlib code windows (361
+prompts in all; the benchmark's own are never among them), 32.7k answer tokens, plus 1152 rows of
+reference chats and stdlib source (184k tokens), sampled half and half, in rows of 160 tokens; 8
+answer rows held out. Three times ``experiments/eagle_phase.py``'s defaults (the other heads'
+data), the same as configs/train_eagle3_smollm2.py: equal data for the two.
 
-Budget: a fixed 550 steps of 8 rows. On the quiet 2-core box: load 4-11 s, answers 59-67 s,
-features 77 s, training 280 s (0.5 s a step), ~7.3 minutes in all (a first use skips the
-acceptance check, ~75 s); 13.2 minutes when another job kept both cores busy (answers 95 s,
-features 145 s, training 523 s), ending with the same head bit for bit. Held-out top-1 agreement per chained step 0.47 0.31 0.29 0.30; greedy
-acceptance per draft position at gamma 4 (P(the first i drafts all pass)): CHAT 0.32 0.09 0.02
-0.01, PYTHON 0.43 0.15 0.04 0.02, CODE_EDIT 0.48 0.17 0.10 0.02 (the distilled draft,
-configs/train_smollm2_draft.py: 0.515 on CODE_EDIT at gamma 1). Peak lr 4e-3 did no better
-(0.31 / 0.42 / 0.44); 176 prompts instead of 128 neither (0.34 / 0.45 / 0.45, 19 s more).
+Budget: a fixed 550 steps of 8 rows. On the quiet 2-core box (2026-12-04): load 2 s, answers
+135 s, features 181 s, training 215 s (0.39 s a step), ~10 minutes in all by hand, ~9 on first use
+(it skips the acceptance check, ~50 s). Held-out top-1 agreement per chained step 0.67 0.43 0.37
+0.31; greedy acceptance per draft position at gamma 4 (P(the first i drafts all pass)): CHAT 0.36
+0.10 0.03 0.01, PYTHON 0.49 0.18 0.05 0.01, CODE_EDIT 0.53 0.19 0.12 0.03 (the distilled draft,
+configs/train_smollm2_draft.py: 0.515 on CODE_EDIT at gamma 1).
+
+On the defaults' third of the data (11.6k answer tokens, 61k text tokens; the head of
+smollm2-eagle-v1): answers 59-67 s, features 77 s, training 280 s, CHAT 0.32 0.09 0.02 0.01,
+PYTHON 0.43 0.15 0.04 0.02, CODE_EDIT 0.48 0.17 0.10 0.02; there peak lr 4e-3 did no better
+(0.31 / 0.42 / 0.44) and 176 prompts instead of 128 neither (0.34 / 0.45 / 0.45).
 """
 
 from experiments.eagle_phase import base_config
@@ -35,6 +40,9 @@ def get_config(arg=None):
   c.out_dir = "runs/train_eagle_smollm2"
   c.eagle.kind = "eagle"
   c.eagle.num_layers = 1
+  c.eagle.chat_prompts = 288  # three times the defaults' data (docstring)
+  c.eagle.code_prompts = 96
+  c.eagle.text_rows = 1152
   c.eagle.train = eagle_defaults(
       steps=550, batch_size=8, lr=2e-3, warmup_steps=20, loss_vocab=8192,
       compute_dtype="bfloat16", ckpt_every=50, log_every=25, seed=0)

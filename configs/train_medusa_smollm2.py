@@ -12,7 +12,8 @@ says next). Loss (``specjax.training.medusa``): CE against SmolLM2's soft law at
 head k weighted 0.8 ** (k + 1), over the 8192 ids most frequent in the answers.
 
 Data: ``experiments/eagle_phase.py``'s defaults (SmolLM2's answers to 128 prompts and 384 text
-rows, half and half; 8 answer rows held out), as for the EAGLE heads.
+rows, half and half; 8 answer rows held out), the EAGLE heads' data before they took three times
+as much (smollm2-eagle*-v2).
 """
 
 from experiments.eagle_phase import base_config

@@ -14,10 +14,11 @@ EAGLE-3 (``specjax.training.eagle``): soft-label CE alone, over the full vocabul
 drafts through the whole LM head), at 2 chained steps (the module on its own output, as drafting
 chains it), step k weighted 0.8 ** k.
 
-Data: ``experiments/eagle_phase.py``'s defaults, as for the EAGLE heads. Budget: a fixed 300
-steps of 8 rows. Not yet run on this box (no times or acceptance measured); a step should cost
-about an EAGLE-1 step with its full-vocabulary CE per chained step (the EAGLE-1 config cuts its CE
-to 8192 ids for speed; the MTP loss has no such option).
+Data: ``experiments/eagle_phase.py``'s defaults (the EAGLE heads now take three times as much).
+Budget: a fixed 300 steps of 8 rows: ~2200 s on 2026-12-03's shared box (~5 s a step quiet; its
+full-vocabulary CE per chained step is the cost: the EAGLE-1 config cuts its CE to 8192 ids for
+speed, the MTP loss has no such option); held-out acceptance in docs/benchmarks.md (every trained
+head on SmolLM2).
 
 Saved with ``sj.save_head`` in DeepSeek-V3's layout: the module as layer 30 of the checkpoint
 (``model.layers.30.*``), config.json SmolLM2's with ``num_nextn_predict_layers: 1``.

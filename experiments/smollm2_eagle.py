@@ -16,8 +16,8 @@ Crash safety and concurrency are ``experiments.default_pair``'s: a ``.partial`` 
 exclusive lock, the marker written last, an incomplete directory rebuilt; an interrupted build's
 cached answers and features are lost with its ``.partial`` directory.
 
-Cache location: ``cache_root()/smollm2-{kind}-v1`` (``$SPECJAX_CACHE``,
-``$XDG_CACHE_HOME/specjax`` or ``~/.cache/specjax``).
+Cache location: ``cache_root()/smollm2-{kind}-v2`` for EAGLE-1 and EAGLE-3, ``-v1`` for the
+others (``cache_root()``: ``$SPECJAX_CACHE``, ``$XDG_CACHE_HOME/specjax`` or ``~/.cache/specjax``).
 """
 
 from __future__ import annotations
@@ -31,12 +31,20 @@ from experiments import default_pair
 from specjax.cache import cache_root
 
 KINDS = ("eagle3", "eagle", "medusa", "hydra", "mtp")
-VERSIONS = {kind: f"smollm2-{kind}-v1" for kind in KINDS}
+# v2: EAGLE-1 and EAGLE-3 on three times the other heads' data (their configs' docstrings).
+VERSIONS = {kind: f"smollm2-{kind}-{'v2' if kind in ('eagle', 'eagle3') else 'v1'}"
+            for kind in KINDS}
 HEAD_FILES = {"eagle3": ("config.json", "model.safetensors"),
               "eagle": ("config.json", "model.safetensors"),
               "medusa": ("config.json", "medusa_lm_head.safetensors"),
               "hydra": ("config.json", "hydra_lm_head.safetensors"),
               "mtp": ("config.json", "model.safetensors")}
+# A first build on a quiet 2-core box (each config's docstring; Medusa, Hydra and MTP were timed
+# on a shared one: docs/benchmarks.md).
+BUILD_TIMES = {"eagle": "about 9 minutes on 2 CPU cores",
+               "eagle3": "about 14 minutes on 2 CPU cores",
+               "medusa": "15-20 minutes on 2 CPU cores", "hydra": "20-40 minutes on 2 CPU cores",
+               "mtp": "20-40 minutes on 2 CPU cores"}
 _CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 _CONFIG_FILES = {kind: _CONFIGS / f"train_{kind}_smollm2.py" for kind in KINDS}
 
@@ -99,7 +107,7 @@ def ensure_smollm2_head(kind: str = "eagle3", verbose: bool = True) -> pathlib.P
 
   default_pair.ensure_built(dest, ("head",), build, verbose,
                             what=f"an {kind.upper()} head for SmolLM2-135M",
-                            duration="about 7 minutes on 2 CPU cores", files=HEAD_FILES[kind])
+                            duration=BUILD_TIMES[kind], files=HEAD_FILES[kind])
   return dest / "head"
 
 

@@ -77,13 +77,13 @@ class PipelineTest(TeacherDirTest):
         mock.patch.object(smollm2_eagle, "train_config",
                           return_value=self.config("eagle")) as get:
       dest = smollm2_eagle.smollm2_head_dir("eagle")
-      self.assertEqual(dest.name, "smollm2-eagle-v1")
+      self.assertEqual(dest.name, "smollm2-eagle-v2")
       (dest / "head").mkdir(parents=True)  # an interrupted build: rebuilt, not used
       head_dir = smollm2_eagle.ensure_smollm2_head("eagle", verbose=False)
       self.assertEqual(head_dir, dest / "head")
       self.assertTrue(default_pair.is_complete(dest, ("head",), smollm2_eagle.HEAD_FILES["eagle"]))
       marker = json.loads((dest / default_pair.MARKER).read_text())
-      self.assertEqual(marker["version"], "smollm2-eagle-v1")
+      self.assertEqual(marker["version"], "smollm2-eagle-v2")
       report = json.loads((dest / eagle_phase.REPORT_FILE).read_text())
       self.assertEqual(report["acceptance"], {})  # skipped on first use
       self.assertLen(report["train"]["agreement"], 2)
