@@ -351,7 +351,7 @@ class LayoutTest(absltest.TestCase):
       json.dump(config, f)
     if pickled:
       import torch
-      torch.save({k: torch.from_numpy(v) for k, v in tensors.items()},
+      torch.save({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()},  # writable copies
                  os.path.join(path, "pytorch_model.bin"))
     else:
       from safetensors.numpy import save_file
