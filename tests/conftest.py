@@ -26,6 +26,12 @@ QUICK_COMPILE = "--xla_backend_optimization_level=0"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {QUICK_COMPILE}".strip()
 
+# Float32 matrix products at full float32 precision on every backend (and in every subprocess):
+# on GPUs JAX's default runs them as TF32 (~1e-3 relative), which the tests' 1e-5 comparisons
+# against transformers and NumPy references reject (tests/test_laws.py on an H200, 2026-12-04).
+# On a CPU float32 products are float32 anyway: nothing changes there.
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+
 # The longest files (minutes each), collected first, longest first, so that the two workers
 # finish together instead of one starting a long file while the other sits idle at the end.
 # pytest-xdist --dist loadfile hands out whole files in collection order only with
