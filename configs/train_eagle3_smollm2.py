@@ -37,7 +37,7 @@ gave CHAT 0.28 0.08 0.03 0.00, PYTHON 0.33 0.10 0.02 0.00, CODE_EDIT 0.43 0.18 0
 The head is written with ``sj.save_head`` in the EAGLE repository's EAGLE-3 layout.
 """
 
-from experiments.eagle_phase import base_config
+from experiments.eagle_phase import EAGLE_DATA, base_config
 from specjax.training.eagle import eagle_defaults
 
 
@@ -47,9 +47,7 @@ def get_config(arg=None):
   c.out_dir = "runs/train_eagle3_smollm2"
   c.eagle.kind = "eagle3"
   c.eagle.draft_vocab = 8192
-  c.eagle.chat_prompts = 288  # the EAGLE-1 config's data: three times the defaults'
-  c.eagle.code_prompts = 96
-  c.eagle.text_rows = 1152
+  c.eagle.update(EAGLE_DATA)  # three times the defaults' data (docstring)
   c.eagle.train = eagle_defaults(
       steps=550, batch_size=8, lr=3e-3, warmup_steps=20, ttt_steps=3, frozen="lm_head",
       compute_dtype="bfloat16", ckpt_every=50, log_every=20, seed=0)

@@ -30,7 +30,7 @@ PYTHON 0.43 0.15 0.04 0.02, CODE_EDIT 0.48 0.17 0.10 0.02; there peak lr 4e-3 di
 (0.31 / 0.42 / 0.44) and 176 prompts instead of 128 neither (0.34 / 0.45 / 0.45).
 """
 
-from experiments.eagle_phase import base_config
+from experiments.eagle_phase import EAGLE_DATA, base_config
 from specjax.training.eagle import eagle_defaults
 
 
@@ -40,9 +40,7 @@ def get_config(arg=None):
   c.out_dir = "runs/train_eagle_smollm2"
   c.eagle.kind = "eagle"
   c.eagle.num_layers = 1
-  c.eagle.chat_prompts = 288  # three times the defaults' data (docstring)
-  c.eagle.code_prompts = 96
-  c.eagle.text_rows = 1152
+  c.eagle.update(EAGLE_DATA)  # three times the defaults' data (docstring)
   c.eagle.train = eagle_defaults(
       steps=550, batch_size=8, lr=2e-3, warmup_steps=20, loss_vocab=8192,
       compute_dtype="bfloat16", ckpt_every=50, log_every=25, seed=0)

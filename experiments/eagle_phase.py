@@ -42,6 +42,9 @@ from experiments import corpus as corpus_lib
 from specjax.training.progress import log
 
 REPORT_FILE = "train_report.json"
+# The EAGLE-1 and EAGLE-3 heads' data (configs/train_eagle{,3}_smollm2.py, one dict so that the
+# two always train on the same): three times base_config's, which the other heads keep.
+EAGLE_DATA = dict(chat_prompts=288, code_prompts=96, text_rows=1152)
 
 
 def base_config():

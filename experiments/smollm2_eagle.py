@@ -31,9 +31,9 @@ from experiments import default_pair
 from specjax.cache import cache_root
 
 KINDS = ("eagle3", "eagle", "medusa", "hydra", "mtp")
-# v2: EAGLE-1 and EAGLE-3 on three times the other heads' data (their configs' docstrings).
-VERSIONS = {kind: f"smollm2-{kind}-{'v2' if kind in ('eagle', 'eagle3') else 'v1'}"
-            for kind in KINDS}
+# v2: EAGLE-1 and EAGLE-3 on three times the other heads' data (eagle_phase.EAGLE_DATA).
+VERSIONS = {"eagle3": "smollm2-eagle3-v2", "eagle": "smollm2-eagle-v2",
+            "medusa": "smollm2-medusa-v1", "hydra": "smollm2-hydra-v1", "mtp": "smollm2-mtp-v1"}
 HEAD_FILES = {"eagle3": ("config.json", "model.safetensors"),
               "eagle": ("config.json", "model.safetensors"),
               "medusa": ("config.json", "medusa_lm_head.safetensors"),
