@@ -324,6 +324,12 @@ class CacheConsistencyTest(parameterized.TestCase):
     some, _ = model(tokens, cache, logits_at=(4, 1))  # several tokens, in the order asked
     chex.assert_shape(some, (BATCH, 2, model.config.vocab_size))
     np.testing.assert_allclose(some, full[:, [4, 1]], rtol=CACHE_TOL, atol=CACHE_TOL)
+    rows, _ = model(tokens, cache, logits_at=jnp.asarray([4, 2]))  # per row (traced indices)
+    chex.assert_shape(rows, (BATCH, 1, model.config.vocab_size))
+    np.testing.assert_allclose(rows[:, 0], full[[0, 1], [4, 2]], rtol=CACHE_TOL, atol=CACHE_TOL)
+    pairs, _ = model(tokens, cache, logits_at=jnp.asarray([[0, 4], [3, 1]]))
+    np.testing.assert_allclose(pairs, full[[[0], [1]], [[0, 4], [3, 1]]], rtol=CACHE_TOL,
+                               atol=CACHE_TOL)
 
   def test_writes_land_at_each_rows_slots_and_past_the_end_are_dropped(self):
     """New token j of row r is stored at slot lengths[r] + j and nowhere else; slots past the

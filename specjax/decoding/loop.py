@@ -180,26 +180,26 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
   target = nnx.merge(target_graphdef, target_state)
   num, depth = proposer.num_candidates, proposer.depth
   batch = prompt.shape[0]
-  rows = jnp.arange(batch)
   row_keys = _row_keys(key, batch)
 
-  # Prefill: the whole prompt goes into the cache; the first token comes from its last logits.
+  # Prefill: the whole prompt goes into the cache; the first token comes from its last logits
+  # (the vocabulary projection runs for that token only).
   pin = (lambda c: c) if placement is None else placement.constrain_cache
   wanted = base.features(proposer)
 
-  def score(tokens, cache, mask=None, depths=None):
+  def score(tokens, cache, mask=None, depths=None, logits_at=None):
     """The target's pass: (logits, cache, the proposer's features or None)."""
     if not wanted:  # the plain call: nothing extra traced for proposers without features
-      return target(tokens, cache, mask, depths) + (None,)
-    logits, cache, hidden = target(tokens, cache, mask, depths, features=wanted)
+      return target(tokens, cache, mask, depths, logits_at) + (None,)
+    logits, cache, hidden = target(tokens, cache, mask, depths, logits_at, features=wanted)
     if placement is not None:
       hidden = jax.lax.with_sharding_constraint(hidden, placement.sharding(FEATURE_AXES))
     return logits, cache, hidden
 
   cache = pin(init_cache(target.config, batch, cache_length))
-  logits, cache, hidden = score(prompt, cache)
+  logits, cache, hidden = score(prompt, cache, logits_at=prompt_lengths - 1)
   cache = pin(cache.with_lengths(prompt_lengths))
-  first = _draw_one(_step_keys(row_keys, 0, 1)[:, 0], logits[rows, prompt_lengths - 1], sampling)
+  first = _draw_one(_step_keys(row_keys, 0, 1)[:, 0], logits[:, 0], sampling)
   extra = {} if hidden is None else {"features": hidden}
   proposer_state = proposer.prefill(proposer_params, prompt, prompt_lengths, cache_length, **extra)
   menu = base.menu(proposer)
@@ -282,7 +282,8 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
       """(menu index, the iteration's keys, state) of the coming iteration."""
       keys = _step_keys(row_keys, state.step, num + 1)  # num: the largest entry's
       index, proposer_state = proposer.choose(proposer_params, state.proposer, state.pending,
-                                              keys[:, 1:], sampling, ~state.done)
+                                              keys[:, 1:], sampling, ~state.done,
+                                              max_new_tokens - state.stats.generated)
       return index, keys, state.replace(proposer=proposer_state)
 
     def chosen(index: int, keys, state: LoopState) -> LoopState:

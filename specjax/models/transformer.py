@@ -380,7 +380,7 @@ class Transformer(nnx.Module):
       cache: KVCache,
       tree_mask: jax.Array | np.ndarray | None = None,
       depths: jax.Array | np.ndarray | None = None,
-      logits_at: int | tuple[int, ...] | None = None,
+      logits_at: int | tuple[int, ...] | jax.Array | None = None,
       features: tuple[int | str, ...] = (),
   ) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, jax.Array]:
     """Scores ``T`` new tokens per row against the cache.
@@ -396,16 +396,18 @@ class Transformer(nnx.Module):
         (must include i itself). Default: causal (a chain).
       depths: int32[T] or int32[B, T]; token i is at position ``lengths + depths[i]``.
         Default: ``arange(T)``.
-      logits_at: static index (or tuple of indices) of the new tokens whose logits are wanted;
-        the vocabulary projection (the largest matmul of a small model) then runs for those
-        tokens only.
+      logits_at: static index (or tuple of indices) of the new tokens whose logits are wanted,
+        or int32[B] / int32[B, K] per-row indices (traced: a prefill's last prompt token); the
+        vocabulary projection (the largest matmul of a small model) then runs for those tokens
+        only.
       features: static layer indices (``feature_layers``) whose hidden states are wanted too;
         empty (the default): nothing extra is computed or returned.
 
     Returns:
-      (float32[B, T, V] logits, or float32[B, K, V] for K indices in ``logits_at``; the cache
-      with the new entries written), and with ``features`` a third item: [B, T, F, E] the
-      hidden states of all T new tokens at those layers (``FEATURE_AXES``), in the model dtype.
+      (float32[B, T, V] logits, or float32[B, K, V] for K indices in ``logits_at`` (K = 1 for
+      int32[B]); the cache with the new entries written), and with ``features`` a third item:
+      [B, T, F, E] the hidden states of all T new tokens at those layers (``FEATURE_AXES``), in
+      the model dtype.
     """
     c = self.config
     positions, masks, write = attention_layout(c, tokens.shape, cache, tree_mask, depths)
@@ -426,7 +428,10 @@ class Transformer(nnx.Module):
       hidden.append(x)
     cache = cache.replace(k=tuple(new_k), v=tuple(new_v))
     normed = self.final_norm(x) if NORMED in wanted else None
-    if logits_at is not None:
+    if isinstance(logits_at, jax.Array):  # per row
+      at = logits_at.reshape(x.shape[0], -1)
+      logits = self.project(self.final_norm(jnp.take_along_axis(x, at[:, :, None], axis=1)))
+    elif logits_at is not None:
       logits = self.project(self.final_norm(x[:, np.asarray(logits_at, np.int32).reshape(-1)]))
     else:
       logits = self.project(self.final_norm(x) if normed is None else normed)
