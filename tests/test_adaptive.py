@@ -135,8 +135,8 @@ class ChoiceTest(absltest.TestCase):
     what the skipped iterations committed); without the catch-up, drafts are rejected."""
     target = random_transformer(TF_CONFIG, 0)
 
-    def alternate(self, params, state, pending, keys, sampling, active):
-      del self, params, pending, keys, sampling, active
+    def alternate(self, params, state, pending, keys, sampling, active, remaining):
+      del self, params, pending, keys, sampling, active, remaining
       # 3 drafts (+4 tokens when all are accepted) where the length is 2, 3 or 4 mod 5, else 0
       return jnp.where(state.text.lengths[0] % 5 < 2, 0, 1).astype(jnp.int32), state
 
@@ -219,7 +219,8 @@ class ChoiceTest(absltest.TestCase):
     for estimate, run, looks in ((0.95, span - 1, False), (0.95, span, True), (0.0, span, True)):
       start = state.replace(acceptance=jnp.full(state.acceptance.shape, estimate),
                             last=jnp.int32(0), plain_run=jnp.int32(run))
-      index, after = proposer.choose(params, start, jnp.asarray(pending), keys, S(0.0), active)
+      index, after = proposer.choose(params, start, jnp.asarray(pending), keys, S(0.0), active,
+                                     jnp.full((3,), 64, jnp.int32))
       caught_up = np.asarray(after.inner.cache.lengths)[:2] == lengths[:2]
       self.assertEqual(bool(caught_up.all()), looks, msg=f"plain run {run}, {estimate}")
       self.assertEqual(int(after.plain_run), 0 if looks else run)
@@ -270,7 +271,7 @@ class ChoiceTest(absltest.TestCase):
                                (0.1, -1, 1), (1.0, 3, 3)):
       proposer, _ = sj.Adaptive(inner["speculative"], choices=MENU, costs=table(),
                                 margin=margin).proposer(target)
-      self.assertEqual(int(proposer.best(a, on, jnp.int32(last))), want,
+      self.assertEqual(int(proposer.best(a, on, jnp.int32(last), jnp.asarray([64]))), want,
                        msg=f"margin {margin}, last {last}")
 
   def test_schedule_moves_plus_two_minus_one(self):
@@ -318,6 +319,59 @@ class ChoiceTest(absltest.TestCase):
       batch = adaptive_lib.observe_many(jnp.asarray([0.6]), jnp.asarray([1.0]),
                                         jnp.asarray([count]), jnp.asarray([0.2]), decay)
       np.testing.assert_allclose(np.asarray(batch), np.asarray(one), rtol=1e-5)
+
+  def test_token_moments_by_enumeration(self):
+    """Mean and variance of an iteration's tokens against the chain's law written out: the
+    first i drafts pass and the next fails with probability s_i (1 - a_{i+1})."""
+    for a in ([0.3, 0.8, 0.5], [1.0, 1.0, 1.0], [0.0, 0.9, 0.9], [0.7, 0.2, 1.0]):
+      for gamma in range(4):
+        law, survive = [], 1.0
+        for i in range(gamma):
+          law.append(survive * (1.0 - a[i]))  # exactly i drafts accepted
+          survive *= a[i]
+        law.append(survive)
+        tokens = np.arange(1, gamma + 2)
+        mean = float(np.dot(law, tokens))
+        mean_got, var_got = adaptive_lib.token_moments(jnp.asarray(a), gamma)
+        np.testing.assert_allclose(float(mean_got), mean, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(float(var_got), np.dot(law, tokens ** 2) - mean ** 2,
+                                   rtol=1e-5, atol=1e-6, err_msg=f"{a}, gamma {gamma}")
+
+  def test_batch_iterations(self):
+    """One row: R / mu. Rows without spread: the longest. Two equal rows of spread s: the mean
+    plus s / sqrt(pi) (the expected maximum of two standard normals). Four rows of one draft at
+    acceptance 0.3 and 64 tokens: a simulation of the chains (the renewal model's error is
+    within 1%). Inactive rows do not count."""
+    f = lambda r, m, v, on=None: float(adaptive_lib.batch_iterations(
+        jnp.asarray(r, jnp.float32), jnp.asarray(m, jnp.float32), jnp.asarray(v, jnp.float32),
+        jnp.ones(len(r), bool) if on is None else jnp.asarray(on)))
+    self.assertAlmostEqual(f([64.0], [1.6], [0.3]), 40.0, places=4)
+    self.assertAlmostEqual(f([64.0, 10.0, 30.0], [1.0, 1.0, 1.0], [0.0] * 3), 64.0, places=4)
+    centre, spread = 64 / 1.5, np.sqrt(64 * 0.25 / 1.5 ** 3)
+    self.assertAlmostEqual(f([64.0] * 2, [1.5] * 2, [0.25] * 2),
+                           centre + spread / np.sqrt(np.pi), delta=1e-3 * centre)
+    self.assertAlmostEqual(f([64.0, 99.0], [1.5, 1.0], [0.25, 0.0], [True, False]), centre,
+                           places=3)
+    rng = np.random.default_rng(0)
+    steps = rng.random((20000, 4, 64)) < 0.3  # 1 + Bernoulli(0.3) tokens an iteration
+    done_at = np.argmax(np.cumsum(1 + steps, axis=2) >= 64, axis=2) + 1
+    simulated = done_at.max(axis=1).mean()
+    modelled = f([64.0] * 4, [1.3] * 4, [0.21] * 4)
+    self.assertAlmostEqual(modelled, simulated, delta=0.01 * simulated)
+    self.assertGreater(modelled, 64 / 1.3 + 2.0)  # the wait for the slowest row
+
+  def test_cost_rule_prices_the_wait_for_the_slowest_row(self):
+    """One draft at acceptance 0.3 for an iteration of 1.25 target steps: 1.3 / 1.25 = 1.04
+    tokens a step, so one row speculates; four rows of 64 tokens wait for the slowest (51.8
+    iterations, not 49.2: 1.236 / 1.25 = 0.989 tokens a step) and decode plain; with 512 tokens
+    left each the wait is a smaller share (1.277 tokens an iteration) and they speculate."""
+    target, inner = methods()
+    proposer, _ = sj.Adaptive(inner["speculative"], choices=(0, 1),
+                              costs=table((1.0, 1.23), 0.02)).proposer(target)
+    for rows, left, want in ((1, 64, 1), (4, 64, 0), (4, 512, 1)):
+      a, on = jnp.full((rows, 1), 0.3), jnp.ones((rows,), bool)
+      got = proposer.best(a, on, jnp.int32(-1), jnp.full((rows,), left, jnp.int32))
+      self.assertEqual(int(got), want, msg=f"{rows} rows, {left} tokens left")
 
 
 def law_pair():

@@ -199,9 +199,9 @@ class NoProposer:
 
 def menu(proposer) -> tuple | None:
   """An adaptive proposer's menu (``specjax.proposers.adaptive``): the proposers, one per static
-  pass shape, among which its ``choose(params, state, pending, keys, sampling, active) ->
-  (int32[] index, state)`` picks before each iteration; they share its state. None for a
-  proposer of one shape."""
+  pass shape, among which its ``choose(params, state, pending, keys, sampling, active,
+  remaining) -> (int32[] index, state)`` picks before each iteration (``remaining``: each row's
+  tokens left to its budget); they share its state. None for a proposer of one shape."""
   return getattr(proposer, "variants", None)
 
 
