@@ -373,6 +373,18 @@ class ChoiceTest(absltest.TestCase):
       got = proposer.best(a, on, jnp.int32(-1), jnp.full((rows,), left, jnp.int32))
       self.assertEqual(int(got), want, msg=f"{rows} rows, {left} tokens left")
 
+    # In the loop the rule is handed each row's tokens left: max_new_tokens less those emitted
+    # (the prefill's first token before the first choice). A rule that speculates only at that
+    # first choice runs one iteration of 3 drafts.
+    def first_only(self, params, state, pending, keys, sampling, active, remaining):
+      del self, params, pending, keys, sampling, active
+      return jnp.where(jnp.all(remaining == GREEDY_NEW - 1), 1, 0).astype(jnp.int32), state
+
+    method = sj.Adaptive(sj.SelfSpeculative(skip=()), choices=(0, 3), costs=FLAT)
+    with patched(((adaptive_lib.AdaptiveProposer, "choose", first_only),)):
+      out = sj.generate(target, GREEDY_PROMPTS, method, max_new_tokens=GREEDY_NEW)
+    np.testing.assert_array_equal(np.asarray(out.stats.choice_counts), [GREEDY_NEW - 5, 1])
+
 
 def law_pair():
   target, draft = tabular_pair("mixed", 3)
