@@ -17,23 +17,23 @@ Rules (``RULES``):
   a measured ``sj.CostTable`` (``chain_cost``: k draft steps and a pass over k + 1 tokens, in
   target steps). In a batch, ragged acceptance makes early rows idle while the slowest
   finishes: one draft at acceptance 0.3 gives a row 1.3 tokens an iteration, four rows of 64
-  tokens 1.24 (measured: rows busy in 0.91-0.96 of iterations at batch 4-8, SmolLM2). ``a_bj`` is a per-row running estimate of the acceptance at position j: a
-  running average (the prior counting as ``PRIOR_WEIGHT`` observations, then an exponential
-  moving average of weight ``decay`` on the newest observation: ``kept_weight``) of the verifier's
-  exact acceptance probability (T > 0: ``sum_x min(p, q)`` for sampled drafts, ``p(x)`` for
-  deterministic ones; T = 0: the match indicator) at the positions whose test ran; positions
-  past the chosen entry's drafts drift back to ``prior`` at rate ``forget`` per iteration (what
-  makes a longer entry worth a try again), while a position the entry drafted but did not reach
-  keeps its estimate (drifting it would bias a hard text's estimates up). With choice 0 a
-  draft-free proposer still makes its first guess (free) and the emitted token scores it (the
-  deeper positions drift). A draft model is skipped (no draft step) and follows the text a
-  span of plain tokens at a time (``look_span``: ``LOOK_SPAN`` x the largest choice, the
-  ``look``): fed the plain tokens, its guess after each is scored against the token the target
-  drew (the match at T = 0, ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is
-  ``sum_x min(p, q)``), and the choice is made with that; the deeper positions, which a look does
-  not score, are capped at the first's new estimate. Its estimates do not drift in plain
-  iterations: a resumption rests on what the draft would have done over the stretch, at one
-  draft pass per span (the catch-up it would need anyway).
+  tokens 1.24 (measured: rows busy in 0.91-0.96 of iterations at batch 4-8, SmolLM2).
+  ``a_bj`` is a per-row running estimate of the acceptance at position j: a running average (the
+  prior counting as ``PRIOR_WEIGHT`` observations, then an exponential moving average of weight
+  ``decay`` on the newest observation: ``kept_weight``) of the verifier's exact acceptance
+  probability (T > 0: ``sum_x min(p, q)`` for sampled drafts, ``p(x)`` for deterministic ones; T =
+  0: the match indicator) at the positions whose test ran; positions past the chosen entry's
+  drafts drift back to ``prior`` at rate ``forget`` per iteration (what makes a longer entry worth
+  a try again), while a position the entry drafted but did not reach keeps its estimate (drifting
+  it would bias a hard text's estimates up). With choice 0 a draft-free proposer still makes its
+  first guess (free) and the emitted token scores it (the deeper positions drift). A draft model
+  is skipped (no draft step) and follows the text a span of plain tokens at a time (``look_span``:
+  ``LOOK_SPAN`` x the largest choice, the ``look``): fed the plain tokens, its guess after each is
+  scored against the token the target drew (the match at T = 0, ``min(1, q(x) / p(x))`` at T > 0,
+  whose mean over the target's draw is ``sum_x min(p, q)``), and the choice is made with that; the
+  deeper positions, which a look does not score, are capped at the first's new estimate. Its
+  estimates do not drift in plain iterations: a resumption rests on what the draft would have done
+  over the stretch, at one draft pass per span (the catch-up it would need anyway).
 * ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
   "heuristic"``): +2 drafts after an iteration in which every active row accepted all its
   drafts, else -1 (never below the smallest positive entry), starting at the largest entry.
