@@ -18,6 +18,8 @@ the cost tables they decided by. Greedy rows equal autoregressive decoding's (th
 At T = 1 with EOS each setting samples answers of its own lengths (a shorter one carries more of
 its prefill per token), so over 4 prompts tok/s compares different work; ``stop_at_eos=False``
 decodes ``max_new_tokens`` in every row (the last command; docs/benchmarks.md, runs N and O).
+Each cell writes to its own directory, ``runs/adaptive_<prompts>_b<batch>`` (e.g.
+``runs/adaptive_chat_b8``), unless ``output_dir=...`` is given.
 """
 
 from experiments import runconfig
@@ -42,5 +44,7 @@ def get_config(arg=None):
   c.max_new_tokens = 64
   c.stop_at_eos = True
   c.repeats = 2
-  c.output_dir = "runs/adaptive"
-  return runconfig.apply_arg(c, arg)
+  c.output_dir = ""  # default: runs/adaptive_<prompts>_b<batch>, one directory per cell
+  c = runconfig.apply_arg(c, arg)
+  c.output_dir = c.output_dir or f"runs/adaptive_{c.prompts}_b{c.batch_size}"
+  return c
