@@ -87,15 +87,15 @@ class AdaptiveState:
 def expected_tokens(acceptance: jax.Array, gamma: int) -> jax.Array:
   """float32[...]: expected tokens of one iteration of a chain of ``gamma`` drafts whose position
   j is accepted with probability ``acceptance[..., j]`` given the earlier ones, plus the bonus:
-  ``1 + sum_{i<gamma} prod_{j<=i} a_j`` (Leviathan et al. 2023, Eq. 1, where all a_j = alpha)."""
-  survive = jnp.cumprod(acceptance[..., :gamma], axis=-1)
-  return 1.0 + jnp.sum(survive, axis=-1)
+  ``1 + sum_{i<gamma} prod_{j<=i} a_j`` (Leviathan et al. 2023, Eq. 1, where all a_j = alpha):
+  ``token_moments``' mean."""
+  return token_moments(acceptance, gamma)[0]
 
 
 def token_moments(acceptance: jax.Array, gamma: int) -> tuple[jax.Array, jax.Array]:
   """(mean, variance), float32[...] each, of one iteration's tokens under ``expected_tokens``'s
   model: with survivals ``s_i = prod_{j<=i} a_j``, tokens = 1 + A where A counts the accepted
-  drafts, ``E[A] = sum_i s_i`` and ``E[A^2] = sum_i (2i + 1) s_i``."""
+  drafts, ``E[A] = sum_i s_i`` (Eq. 1) and ``E[A^2] = sum_i (2i + 1) s_i``."""
   survive = jnp.cumprod(acceptance[..., :gamma], axis=-1)
   drafts = jnp.sum(survive, axis=-1)
   second = jnp.sum((2.0 * jnp.arange(gamma) + 1.0) * survive, axis=-1)
