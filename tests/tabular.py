@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import itertools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from specjax import sampling as sampling_lib
 from specjax.models.config import ModelConfig
+from specjax.models.transformer import select_tokens
 
 __all__ = ["TabularLM", "TablePair", "context_key", "exact_law", "log_table", "warped_table"]
 
@@ -105,10 +105,8 @@ class TabularLM(nnx.Module):
       from_cache = jnp.where(slot >= 0, from_cache.astype(jnp.int32), v)  # START before slot 0
       index = index * (v + 1) + jnp.where(m <= count, from_new, from_cache)
     logits = jnp.take(self.table[...], index, axis=0)  # float32[B, T, V]
-    if isinstance(logits_at, jax.Array):  # per row (a prefill's last prompt token)
-      logits = jnp.take_along_axis(logits, logits_at.reshape(b, -1)[:, :, None], axis=1)
-    elif logits_at is not None:
-      logits = logits[:, np.asarray(logits_at, np.int32).reshape(-1)]
+    if logits_at is not None:
+      logits = select_tokens(logits, logits_at)
     return logits, cache.replace(k=new_k)
 
 

@@ -73,6 +73,14 @@ class Norm(nnx.Module):
     return (x * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(dtype)
 
 
+def select_tokens(x: jax.Array, at: int | tuple[int, ...] | jax.Array) -> jax.Array:
+  """``x[B, T, ...]`` at ``Transformer.__call__``'s ``logits_at``: [B, K, ...]."""
+  if isinstance(at, jax.Array):  # per-row int32[B] / int32[B, K] (a prefill's last token)
+    at = at.reshape(x.shape[0], -1)
+    return jnp.take_along_axis(x, at.reshape(at.shape + (1,) * (x.ndim - 2)), axis=1)
+  return x[:, np.asarray(at, np.int32).reshape(-1)]
+
+
 def matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
   """``x @ kernel`` (``[..., in] x [in, out]``), as every ``Dense`` computes it.
 
@@ -397,17 +405,15 @@ class Transformer(nnx.Module):
       depths: int32[T] or int32[B, T]; token i is at position ``lengths + depths[i]``.
         Default: ``arange(T)``.
       logits_at: static index (or tuple of indices) of the new tokens whose logits are wanted,
-        or int32[B] / int32[B, K] per-row indices (traced: a prefill's last prompt token); the
-        vocabulary projection (the largest matmul of a small model) then runs for those tokens
-        only.
+        or int32[B] / int32[B, K] per row (``select_tokens``); the vocabulary projection (the
+        largest matmul of a small model) then runs for those tokens only.
       features: static layer indices (``feature_layers``) whose hidden states are wanted too;
         empty (the default): nothing extra is computed or returned.
 
     Returns:
-      (float32[B, T, V] logits, or float32[B, K, V] for K indices in ``logits_at`` (K = 1 for
-      int32[B]); the cache with the new entries written), and with ``features`` a third item:
-      [B, T, F, E] the hidden states of all T new tokens at those layers (``FEATURE_AXES``), in
-      the model dtype.
+      (float32[B, T, V] logits, or float32[B, K, V] for ``logits_at``'s K tokens; the cache
+      with the new entries written), and with ``features`` a third item: [B, T, F, E] the
+      hidden states of all T new tokens at those layers (``FEATURE_AXES``), in the model dtype.
     """
     c = self.config
     positions, masks, write = attention_layout(c, tokens.shape, cache, tree_mask, depths)
@@ -428,11 +434,8 @@ class Transformer(nnx.Module):
       hidden.append(x)
     cache = cache.replace(k=tuple(new_k), v=tuple(new_v))
     normed = self.final_norm(x) if NORMED in wanted else None
-    if isinstance(logits_at, jax.Array):  # per row
-      at = logits_at.reshape(x.shape[0], -1)
-      logits = self.project(self.final_norm(jnp.take_along_axis(x, at[:, :, None], axis=1)))
-    elif logits_at is not None:
-      logits = self.project(self.final_norm(x[:, np.asarray(logits_at, np.int32).reshape(-1)]))
+    if logits_at is not None:
+      logits = self.project(self.final_norm(select_tokens(x, logits_at)))
     else:
       logits = self.project(self.final_norm(x) if normed is None else normed)
     if not wanted:
