@@ -10,7 +10,9 @@ cores (docs/benchmarks.md, commit 62b874b): at batch 1 speculative decoding gain
 greedy (gamma 1-4; ``configs/bench.py:batch_size=1``), where the target's steps are overhead-bound
 and a (gamma + 1)-token pass costs about one step; at batch 4 the target's step (2.2 ms) is
 already cheap per row, the draft costs c = 0.12 of it and a pass over gamma + 1 tokens 1.3-3.0
-steps, so speculative decoding loses there (0.77-0.93x). Batch 4 stays the default for
+steps, so speculative decoding loses there (0.77-0.93x). The pair retrained on 2026-12-04 (same
+config, time-budgeted stages) gains at batch 4 too: gamma 1-4 1.09-1.29x, passes 1.23-2.15 steps,
+c = 0.06-0.07 (configs/adaptive_bench.py; docs/benchmarks.md). Batch 4 stays the default for
 experiments/gpu_check.sh, where an accelerator's passes cost about one step.
 """
 

@@ -238,7 +238,7 @@ def _adaptive(config, s: dict, models: dict):
                      decay=float(config.adaptive_decay), prior=float(config.adaptive_prior),
                      forget=float(config.adaptive_forget),
                      threshold=float(config.adaptive_threshold),
-                     margin=float(config.adaptive_margin))
+                     margin=float(config.adaptive_margin), drift=str(config.adaptive_drift))
 
 
 # ------------------------------------------------------------------------------------------ table

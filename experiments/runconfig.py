@@ -135,6 +135,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.adaptive_rules = ADAPTIVE_RULES
   for name, value in options.ADAPTIVE_DEFAULTS.items():  # sj.Adaptive's own defaults
     c[f"adaptive_{name}"] = value
+  c.adaptive_drift = options.ADAPTIVE_DRIFTS[0]  # untested positions drift toward: prior / first
   c.max_ngram = 3  # prompt_lookup: the longest n-gram looked up in the row's own text
   # Token trees and multi-draft methods run by method "tree", one setting per spec
   # (parse_tree_spec): full:DxB, chains:NxD, comb:DxW, dynamic:DxWxN (EAGLE-2), spectr:KxL
@@ -456,6 +457,7 @@ def _check_adaptive(config) -> None:
     options.check_adaptive_menu(list(config.adaptive_choices), "adaptive_choices")
     for name in (f"adaptive_{name}" for name in options.ADAPTIVE_DEFAULTS):
       options.check_unit_number(config[name], name, open_at_zero=name == "adaptive_decay")
+    options.check_adaptive_drift(config.adaptive_drift, "adaptive_drift")
   except ValueError as e:
     raise ConfigError(str(e)) from None
   rules = tuple(config.adaptive_rules)

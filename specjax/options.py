@@ -23,6 +23,11 @@ ADAPTIVE_RULES = ("cost", "schedule", "confidence")
 # weight, prior and drift, the cost rule's hysteresis, the confidence rule's threshold (HF's).
 # decay / prior from experiments/adaptive_tune.py on SmolLM2 + its draft (docs/benchmarks.md).
 ADAPTIVE_DEFAULTS = dict(decay=0.1, prior=0.5, forget=0.05, margin=0.0, threshold=0.4)
+# Where a position's estimate drifts while no entry tests it (``sj.Adaptive(drift=)``): toward the
+# fixed ``prior``, or toward the row's own first-position estimate ("deeper drafts accept like the
+# first": no draft-specific prior; on the benchmark pair the fixed 0.5 held the rule at short
+# drafts where its draft accepted ~0.75, docs/benchmarks.md).
+ADAPTIVE_DRIFTS = ("prior", "first")
 
 
 def check_adaptive_menu(choices, field: str = "choices") -> None:
@@ -37,6 +42,12 @@ def check_adaptive_menu(choices, field: str = "choices") -> None:
     raise ValueError(f"{field} must be increasing without repeats, got {choices!r}")
   if menu[-1] < 1:
     raise ValueError(f"{field} must include a draft length >= 1, got {choices!r}")
+
+
+def check_adaptive_drift(value, field: str = "drift") -> None:
+  """One of ``ADAPTIVE_DRIFTS``, else a one-line ValueError naming ``field`` and the value."""
+  if value not in ADAPTIVE_DRIFTS:
+    raise ValueError(f"{field} must be one of {', '.join(ADAPTIVE_DRIFTS)}, got {value!r}")
 
 
 def check_unit_number(value, field: str, open_at_zero: bool = False) -> None:

@@ -75,11 +75,12 @@ class GreedyTest(parameterized.TestCase):
       ("speculative_cost", "speculative", "cost"),
       ("speculative_confidence", "speculative", "confidence"),
       ("prompt_lookup_cost", "prompt_lookup", "cost"),
-      ("jacobi_schedule", "jacobi", "schedule"))
-  def test_matches_autoregressive(self, name, rule):
+      ("jacobi_schedule", "jacobi", "schedule"),
+      ("speculative_cost_drift_first", "speculative", "cost", "first"))
+  def test_matches_autoregressive(self, name, rule, drift="prior"):
     target, inner = methods()
     choices = MENU[1:] if rule == "confidence" else MENU
-    method = sj.Adaptive(inner[name], choices=choices, costs=table(), rule=rule)
+    method = sj.Adaptive(inner[name], choices=choices, costs=table(), rule=rule, drift=drift)
     expected = greedy_reference(TF_CONFIG, GREEDY_NEW)
     eos = int(expected[0, 4])  # row 0 stops early; the others run on
     out = sj.generate(target, GREEDY_PROMPTS, method, max_new_tokens=GREEDY_NEW,
@@ -261,6 +262,12 @@ class ChoiceTest(absltest.TestCase):
       drifted = 0.3 + 0.1 * (0.5 - 0.3)
       np.testing.assert_allclose(got, [[ema(0.2), 0.3, drifted], [ema(0.6), ema(0.7), drifted]],
                                  rtol=1e-6)
+      # drift="first": the untested position moves toward the row's new first estimate instead
+      first = dataclasses.replace(proposer, drift="first")
+      got = np.asarray(first.variants[2].commit(params, proposed, candidates, outcome).acceptance)
+      to_first = lambda first_estimate: 0.3 + 0.1 * (first_estimate - 0.3)
+      np.testing.assert_allclose(got, [[ema(0.2), 0.3, to_first(ema(0.2))],
+                                       [ema(0.6), ema(0.7), to_first(ema(0.6))]], rtol=1e-6)
 
   def test_margin_keeps_the_last_choice(self):
     """Hysteresis: at acceptance 0.5 under ``table()`` one draft models 1.5 / 1.4 = 1.071
@@ -456,6 +463,8 @@ class ErrorTest(absltest.TestCase):
         (dict(method=spec, decay=0.0, costs=FLAT), "decay must be a number in \\(0, 1\\], got 0.0"),
         (dict(method=spec, prior=1.5, costs=FLAT), "prior must be .* got 1.5"),
         (dict(method=spec, margin=-0.1, costs=FLAT), "margin must be .* got -0.1"),
+        (dict(method=spec, drift="last", costs=FLAT),
+         "drift must be one of prior, first, got 'last'"),
         (dict(method=spec), "rule 'cost' needs costs=sj.CostTable"),
         (dict(method=spec, choices=(0, 1, 6), costs=FLAT), "7"),  # no pass over 7 tokens
         (dict(method=inner["prompt_lookup"], choices=(1, 2), rule="confidence"),

@@ -325,8 +325,9 @@ class Adaptive:
   ``rule``: ``"cost"`` (default) picks the entry with the most modelled tokens per unit of
   ``costs`` (an ``sj.CostTable`` measured on the device, batch and context the run uses), from
   per-row running estimates of the acceptance at each position (a running mean with ``prior`` as
-  two observations, then an EMA of weight ``decay``; drift back to ``prior`` at rate ``forget``
-  for positions past the chosen entry's drafts; a skipped draft follows the text and is scored
+  two observations, then an EMA of weight ``decay``; drift at rate ``forget`` for positions past
+  the chosen entry's drafts, back to ``prior`` or, with ``drift="first"``, to the row's own
+  first-position estimate; a skipped draft follows the text and is scored
   over the plain tokens), keeping the last entry unless the best beats it by the factor
   ``1 + margin``; ``"schedule"`` is
   Hugging Face's +2/-1 heuristic; ``"confidence"`` stops the draft when its own probability of
@@ -344,6 +345,7 @@ class Adaptive:
   forget: float = options.ADAPTIVE_DEFAULTS["forget"]
   threshold: float = options.ADAPTIVE_DEFAULTS["threshold"]
   margin: float = options.ADAPTIVE_DEFAULTS["margin"]
+  drift: str = options.ADAPTIVE_DRIFTS[0]  # "prior"
   name = "adaptive"
 
   def __post_init__(self):
@@ -353,7 +355,7 @@ class Adaptive:
                        f"{type(self.method).__name__}")
     object.__setattr__(self, "choices", adaptive_lib.check_menu(self.choices, self.rule))
     adaptive_lib.check_settings(self.decay, self.prior, self.forget, self.threshold,
-                                self.margin)
+                                self.margin, self.drift)
     if self.rule == "confidence" and not isinstance(self.method, (Speculative, SelfSpeculative)):
       raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
                        f"{type(self.method).__name__} has none")
@@ -387,7 +389,7 @@ class Adaptive:
         costs=adaptive_lib.menu_costs(self.costs, self.choices, self.rule),
         decay=float(self.decay), prior=float(self.prior), forget=float(self.forget),
         threshold=float(self.threshold), vocab_size=target.config.vocab_size,
-        margin=float(self.margin), shadow=shadow), built[-1][1]
+        margin=float(self.margin), shadow=shadow, drift=self.drift), built[-1][1]
 
 
 def tree_children(tree, children: str | None, drafter: str) -> str:

@@ -23,9 +23,10 @@ Rules (``RULES``):
   ``decay`` on the newest observation: ``kept_weight``) of the verifier's exact acceptance
   probability (T > 0: ``sum_x min(p, q)`` for sampled drafts, ``p(x)`` for deterministic ones; T =
   0: the match indicator) at the positions whose test ran; positions past the chosen entry's
-  drafts drift back to ``prior`` at rate ``forget`` per iteration (what makes a longer entry worth
-  a try again), while a position the entry drafted but did not reach keeps its estimate (drifting
-  it would bias a hard text's estimates up). With choice 0 a draft-free proposer still makes its
+  drafts drift back to ``prior`` (``drift="first"``: to the row's own first-position estimate)
+  at rate ``forget`` per iteration (what makes a longer entry worth a try again), while a
+  position the entry drafted but did not reach keeps its estimate (drifting it would bias a hard
+  text's estimates up). With choice 0 a draft-free proposer still makes its
   first guess (free) and the emitted token scores it (the deeper positions drift). A draft model
   is skipped (no draft step) and follows the text a span of plain tokens at a time (``look_span``:
   ``LOOK_SPAN`` x the largest choice, the ``look``): fed the plain tokens, its guess after each is
@@ -139,12 +140,16 @@ def kept_weight(seen: jax.Array, count: jax.Array, decay: float) -> jax.Array:
 
 
 def observe(acceptance: jax.Array, seen: jax.Array, observed: jax.Array, values: jax.Array,
-            decay: float, drifting: jax.Array, prior: float, forget: float):
+            decay: float, drifting: jax.Array, prior: float, forget: float,
+            drift: str = "prior"):
   """(estimates, seen) after one iteration: a step toward ``values`` where ``observed`` (bool[B,
-  G]; ``kept_weight``), a step of ``forget`` toward ``prior`` where ``drifting`` (bool[B, G])."""
+  G]; ``kept_weight``), a step of ``forget`` where ``drifting`` (bool[B, G]) toward ``prior``
+  (``drift="prior"``) or toward the row's first-position estimate after this iteration's
+  observations (``drift="first"``)."""
   kept = kept_weight(seen, jnp.ones_like(seen), decay)
   acceptance = jnp.where(observed, kept * acceptance + (1.0 - kept) * values, acceptance)
-  acceptance = jnp.where(drifting & ~observed, acceptance + forget * (prior - acceptance),
+  target = acceptance[:, :1] if drift == "first" else prior
+  acceptance = jnp.where(drifting & ~observed, acceptance + forget * (target - acceptance),
                          acceptance)
   return acceptance, seen + observed
 
@@ -176,6 +181,7 @@ class AdaptiveProposer:
   vocab_size: int
   margin: float = 0.0
   shadow: Any = None
+  drift: str = "prior"  # where untested positions' estimates drift (``options.ADAPTIVE_DRIFTS``)
 
   @property
   def largest(self):
@@ -384,7 +390,7 @@ class MenuEntry(GammaChain):
                        ((0, 0), (0, parent.num_candidates - g)))
       observed = live & (pos < jnp.minimum(n + 1, g)[:, None])
     acceptance, seen = observe(state.acceptance, state.seen, observed, values, parent.decay,
-                               drifting, parent.prior, parent.forget)
+                               drifting, parent.prior, parent.forget, parent.drift)
     gamma = state.gamma
     if parent.rule == "schedule":
       positive = min(k for k in parent.choices if k > 0)
@@ -427,9 +433,10 @@ def check_menu(choices, rule: str) -> tuple[int, ...]:
   return tuple(int(k) for k in menu)
 
 
-def check_settings(decay, prior, forget, threshold, margin=0.0) -> None:
-  """The estimator's, the cost rule's and the confidence rule's numbers, or a one-line
+def check_settings(decay, prior, forget, threshold, margin=0.0, drift="prior") -> None:
+  """The estimator's, the cost rule's and the confidence rule's settings, or a one-line
   ValueError."""
+  options.check_adaptive_drift(drift)
   options.check_unit_number(decay, "decay", open_at_zero=True)
   for field, value in (("prior", prior), ("forget", forget), ("threshold", threshold),
                        ("margin", margin)):
