@@ -44,7 +44,13 @@ def get_config(arg=None):
   c.max_new_tokens = 64
   c.stop_at_eos = True
   c.repeats = 2
-  c.output_dir = ""  # default: runs/adaptive_<prompts>_b<batch>, one directory per cell
+  return per_cell(c, arg, "adaptive")
+
+
+def per_cell(c, arg, name: str):
+  """``c`` with ``arg`` applied, writing to ``runs/<name>_<prompts>_b<batch>`` (one directory per
+  cell: prompt set and batch) unless ``arg`` gives ``output_dir``."""
+  c.output_dir = ""
   c = runconfig.apply_arg(c, arg)
-  c.output_dir = c.output_dir or f"runs/adaptive_{c.prompts}_b{c.batch_size}"
+  c.output_dir = c.output_dir or f"runs/{name}_{c.prompts}_b{c.batch_size}"
   return c

@@ -17,7 +17,6 @@ work per setting), 3 interleaved repeats. Each cell writes to its own directory,
 """
 
 from configs import adaptive
-from experiments import runconfig
 
 
 def get_config(arg=None):
@@ -30,7 +29,4 @@ def get_config(arg=None):
   c.max_new_tokens = 128
   c.stop_at_eos = False
   c.repeats = 3
-  c.output_dir = ""
-  c = runconfig.apply_arg(c, arg)
-  c.output_dir = c.output_dir or f"runs/adaptive_bench_{c.prompts}_b{c.batch_size}"
-  return c
+  return adaptive.per_cell(c, arg, "adaptive_bench")
