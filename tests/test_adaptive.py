@@ -393,6 +393,83 @@ class ChoiceTest(absltest.TestCase):
     np.testing.assert_array_equal(np.asarray(out.stats.choice_counts), [GREEDY_NEW - 5, 1])
 
 
+  def test_noise_share_follows_the_estimators_weights(self):
+    """``noise_share``: the squared weights of the observations behind an estimate, replayed
+    one ``observe`` at a time (the estimate's derivative in each observation): exact where the
+    running mean hands over to the EMA at a whole observation (decay 0.1), within 1% where the
+    hand-over falls inside one (decay 0.3)."""
+    for decay in (0.1, 0.3):
+      for n in (1, 3, 7, 8, 20, 60):
+        grads = jax.grad(lambda xs: estimate_after(xs, decay))(
+            jnp.full((n,), 0.5))
+        np.testing.assert_allclose(float(adaptive_lib.noise_share(jnp.float32(n), decay)),
+                                   float(jnp.sum(grads ** 2)),
+                                   rtol=1e-5 if decay == 0.1 else 1e-2,
+                                   err_msg=f"decay {decay}, {n} observations")
+    self.assertEqual(float(adaptive_lib.noise_share(jnp.float32(0), 0.1)), 0.0)
+
+  def test_shrink_removes_the_least_estimates_noise(self):
+    """Eight rows of one true acceptance 0.6, each estimated from 30 matches (T = 0): the least
+    raw estimate is low by ~0.14 on average, the least shrunk one by under a third of that,
+    and the shrunk rows are closer to the truth. Rows whose acceptance really differs (0.2 and
+    0.9) stay apart; one row, or rows without observations, are left as they are."""
+    rng = np.random.default_rng(0)
+    hits = rng.random((400, 8, 30)) < 0.6
+    raw = jax.vmap(jax.vmap(lambda xs: estimate_after(xs, 0.1)))(
+        jnp.asarray(hits, jnp.float32))  # [400, 8]
+    seen, on = jnp.full((8, 1), 30.0), jnp.ones((8,), bool)
+    shrunk = jax.vmap(lambda a: adaptive_lib.shrink(a[:, None], seen, on, 0.1)[:, 0])(raw)
+    low_raw, low_shrunk = 0.6 - float(raw.min(axis=1).mean()), 0.6 - float(
+        shrunk.min(axis=1).mean())
+    self.assertGreater(low_raw, 0.1)
+    self.assertLess(low_shrunk, low_raw / 3, msg=f"raw {low_raw:.3f}, shrunk {low_shrunk:.3f}")
+    self.assertLess(float(jnp.mean((shrunk - 0.6) ** 2)), float(jnp.mean((raw - 0.6) ** 2)))
+    apart = jnp.asarray([[0.2], [0.9], [0.2], [0.9]])
+    got = adaptive_lib.shrink(apart, jnp.full((4, 1), 30.0), jnp.ones((4,), bool), 0.1)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(apart), atol=0.03)
+    one = jnp.asarray([[0.3, 0.8]])
+    np.testing.assert_array_equal(np.asarray(adaptive_lib.shrink(
+        one, jnp.full((1, 2), 30.0), jnp.ones((1,), bool), 0.1)), np.asarray(one))
+    fresh = jnp.asarray([[0.5], [0.5], [0.4]])
+    np.testing.assert_array_equal(np.asarray(adaptive_lib.shrink(
+        fresh, jnp.zeros((3, 1)), jnp.ones((3,), bool), 0.1)), np.asarray(fresh))
+    # an inactive row neither moves nor counts toward the mean
+    mixed = jnp.asarray([[0.4], [0.6], [0.0]])
+    got = adaptive_lib.shrink(mixed, jnp.full((3, 1), 30.0), jnp.asarray([True, True, False]),
+                              0.1)
+    got = np.asarray(got)[:, 0]
+    self.assertEqual(got[2], 0.0)
+    self.assertAlmostEqual(got[0] + got[1], 1.0, places=5)  # toward their own mean, 0.5
+    self.assertTrue(0.4 < got[0] < 0.5, msg=str(got))
+
+  def test_cost_rule_shrinks_before_pricing_the_slowest_row(self):
+    """Four rows of 64 tokens, one draft for 1.25 target steps: at a common acceptance 0.4 one
+    draft pays (1.4 tokens an iteration); estimates 0.4 +- 0.15 of 10 observations each (within
+    the spread their noise gives: 0.13) priced as they are make the 0.25 row the slowest and plain decoding
+    the choice; shrunk, the rule speculates."""
+    target, inner = methods()
+    proposer, _ = sj.Adaptive(inner["speculative"], choices=(0, 1),
+                              costs=table((1.0, 1.23), 0.02)).proposer(target)
+    a, on = jnp.asarray([[0.25], [0.4], [0.4], [0.55]]), jnp.ones((4,), bool)
+    left = jnp.full((4,), 64, jnp.int32)
+    self.assertEqual(int(proposer.best(jnp.full((4, 1), 0.4), on, jnp.int32(-1), left)), 1)
+    self.assertEqual(int(proposer.best(a, on, jnp.int32(-1), left)), 0)
+    self.assertEqual(int(proposer.best(a, on, jnp.int32(-1), left, jnp.full((4, 1), 10.0))), 1)
+
+
+def estimate_after(observations: jax.Array, decay: float, prior: float = 0.5) -> jax.Array:
+  """float32[]: one position's estimate after ``observe`` of each of ``observations`` in turn."""
+  one = lambda value: jnp.full((1, 1), value, jnp.float32)
+
+  def step(carry, x):
+    a, seen = adaptive_lib.observe(*carry, jnp.ones((1, 1), bool), one(x), decay,
+                                   jnp.zeros((1, 1), bool), prior, 0.0)
+    return (a, seen), None
+
+  (a, _), _ = jax.lax.scan(step, (one(prior), one(0.0)), observations)
+  return a[0, 0]
+
+
 def law_pair():
   target, draft = tabular_pair("mixed", 3)
   return target, draft
