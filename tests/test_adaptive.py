@@ -392,7 +392,6 @@ class ChoiceTest(absltest.TestCase):
       out = sj.generate(target, GREEDY_PROMPTS, method, max_new_tokens=GREEDY_NEW)
     np.testing.assert_array_equal(np.asarray(out.stats.choice_counts), [GREEDY_NEW - 5, 1])
 
-
   def test_noise_share_follows_the_estimators_weights(self):
     """``noise_share``: the squared weights of the observations behind an estimate, replayed
     one ``observe`` at a time (the estimate's derivative in each observation): exact where the
@@ -444,9 +443,9 @@ class ChoiceTest(absltest.TestCase):
 
   def test_cost_rule_shrinks_before_pricing_the_slowest_row(self):
     """Four rows of 64 tokens, one draft for 1.25 target steps: at a common acceptance 0.4 one
-    draft pays (1.4 tokens an iteration); estimates 0.4 +- 0.15 of 10 observations each (within
-    the spread their noise gives: 0.13) priced as they are make the 0.25 row the slowest and plain decoding
-    the choice; shrunk, the rule speculates."""
+    draft pays (1.4 tokens an iteration); estimates 0.4 +- 0.15 of 10 observations each
+    (within the spread their noise gives: 0.13) priced as they are make the 0.25 row the
+    slowest and plain decoding the choice; shrunk, the rule speculates."""
     target, inner = methods()
     proposer, _ = sj.Adaptive(inner["speculative"], choices=(0, 1),
                               costs=table((1.0, 1.23), 0.02)).proposer(target)
