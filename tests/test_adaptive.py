@@ -278,8 +278,8 @@ class ChoiceTest(absltest.TestCase):
                                (0.1, -1, 1), (1.0, 3, 3)):
       proposer, _ = sj.Adaptive(inner["speculative"], choices=MENU, costs=table(),
                                 margin=margin).proposer(target)
-      self.assertEqual(int(proposer.best(a, on, jnp.int32(last), jnp.asarray([64]))), want,
-                       msg=f"margin {margin}, last {last}")
+      got = proposer.best(a, jnp.zeros_like(a), on, jnp.int32(last), jnp.asarray([64]))
+      self.assertEqual(int(got), want, msg=f"margin {margin}, last {last}")
 
   def test_schedule_moves_plus_two_minus_one(self):
     target = random_transformer(TF_CONFIG, 0)
@@ -377,7 +377,8 @@ class ChoiceTest(absltest.TestCase):
                               costs=table((1.0, 1.23), 0.02)).proposer(target)
     for rows, left, want in ((1, 64, 1), (4, 64, 0), (4, 512, 1)):
       a, on = jnp.full((rows, 1), 0.3), jnp.ones((rows,), bool)
-      got = proposer.best(a, on, jnp.int32(-1), jnp.full((rows,), left, jnp.int32))
+      got = proposer.best(a, jnp.zeros_like(a), on, jnp.int32(-1),
+                          jnp.full((rows,), left, jnp.int32))
       self.assertEqual(int(got), want, msg=f"{rows} rows, {left} tokens left")
 
     # In the loop the rule is handed each row's tokens left: max_new_tokens less those emitted
@@ -451,9 +452,10 @@ class ChoiceTest(absltest.TestCase):
                               costs=table((1.0, 1.23), 0.02)).proposer(target)
     a, on = jnp.asarray([[0.25], [0.4], [0.4], [0.55]]), jnp.ones((4,), bool)
     left = jnp.full((4,), 64, jnp.int32)
-    self.assertEqual(int(proposer.best(jnp.full((4, 1), 0.4), on, jnp.int32(-1), left)), 1)
-    self.assertEqual(int(proposer.best(a, on, jnp.int32(-1), left)), 0)
-    self.assertEqual(int(proposer.best(a, on, jnp.int32(-1), left, jnp.full((4, 1), 10.0))), 1)
+    unseen, seen = jnp.zeros((4, 1)), jnp.full((4, 1), 10.0)  # none behind them: as they are
+    self.assertEqual(int(proposer.best(jnp.full((4, 1), 0.4), seen, on, jnp.int32(-1), left)), 1)
+    self.assertEqual(int(proposer.best(a, unseen, on, jnp.int32(-1), left)), 0)
+    self.assertEqual(int(proposer.best(a, seen, on, jnp.int32(-1), left)), 1)
 
 
 def estimate_after(observations: jax.Array, decay: float, prior: float = 0.5) -> jax.Array:

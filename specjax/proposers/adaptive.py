@@ -280,6 +280,7 @@ class AdaptiveProposer:
     chain, drafted here."""
     choices = jnp.asarray(self.choices, jnp.int32)
     if self.rule == "cost":
+      hold = False  # plain decoding until the skipped draft's next look
       if self.looks and self.choices[0] == 0:
         # A skipped draft follows the text ``look_span`` plain tokens at a time, scoring its
         # guesses at them (the look): the evidence the choice to resume rests on, at one draft
@@ -289,11 +290,9 @@ class AdaptiveProposer:
         state = jax.lax.cond(plain & ready,
                              lambda s: self.look(params, s, pending, sampling, active),
                              lambda s: s, state)
-        best = jnp.where(plain & ~ready, 0,
-                         self.best(state.acceptance, active, state.last, remaining,
-                                   state.seen))
-      else:
-        best = self.best(state.acceptance, active, state.last, remaining, state.seen)
+        hold = plain & ~ready
+      best = jnp.where(hold, 0,
+                       self.best(state.acceptance, state.seen, active, state.last, remaining))
       return best, state.replace(last=best)
     if self.rule == "schedule":
       return jnp.sum(choices <= state.gamma).astype(jnp.int32) - 1, state
@@ -303,19 +302,18 @@ class AdaptiveProposer:
     return jnp.argmax(choices == count).astype(jnp.int32), state.replace(
         inner=inner, drafts=drafts, laws=laws)
 
-  def best(self, acceptance: jax.Array, active: jax.Array, last: jax.Array,
-           remaining: jax.Array, seen: jax.Array | None = None) -> jax.Array:
+  def best(self, acceptance: jax.Array, seen: jax.Array, active: jax.Array, last: jax.Array,
+           remaining: jax.Array) -> jax.Array:
     """int32[]: the entry that decodes the active rows' ``remaining`` tokens (int32[B]) in the
     least modelled time, ``cost(k) x batch_iterations`` at entry k's tokens an iteration
     (rule "cost"; ties: the shorter entry): for one row, the most tokens per unit of cost;
     for a batch, the rows' ragged progress priced in (a batch waits for its slowest row, so a
     row that finishes early idles). Unless it beats the ``last`` entry by no more than the
     factor ``1 + margin`` (hysteresis: estimates near a break-even do not flip the choice at
-    every iteration; each switch has costs the model leaves out). With ``seen`` (the
-    observations behind each estimate) the rows' estimates are first ``shrink``-ed toward the
-    batch's mean."""
-    if seen is not None:
-      acceptance = shrink(acceptance, seen, active, self.decay)
+    every iteration; each switch has costs the model leaves out). The rows' estimates are first
+    ``shrink``-ed toward the batch's mean by what the observations behind them (``seen``,
+    float32[B, G]) leave as noise."""
+    acceptance = shrink(acceptance, seen, active, self.decay)
     left = jnp.where(active, remaining, 0).astype(jnp.float32)
     iterations = jnp.stack([batch_iterations(left, *token_moments(acceptance, k), active)
                             for k in self.choices])
