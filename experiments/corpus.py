@@ -261,19 +261,28 @@ def code_tasks(texts: Sequence[str]) -> list[str]:
   import ast
 
   tasks = []
+  for _, node in _functions(texts):
+    if not node.name.startswith("_"):
+      doc = ast.get_docstring(node)
+      line = doc.strip().splitlines()[0].strip().rstrip(".") if doc and doc.strip() else ""
+      match = _VERB.match(line)
+      if match and 15 < len(line) < 90 and not line.endswith((",", " the", " or", " and")):
+        tasks.append(match.group(1).lower() + line[match.end():])
+  return sorted(set(tasks))
+
+
+def _functions(texts: Sequence[str]):
+  """(text, ``ast.FunctionDef``) for every function of the parseable Python ``texts``."""
+  import ast
+
   for text in texts:
     try:
       tree = ast.parse(text)
     except (SyntaxError, ValueError):
       continue
     for node in ast.walk(tree):
-      if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-        doc = ast.get_docstring(node)
-        line = doc.strip().splitlines()[0].strip().rstrip(".") if doc and doc.strip() else ""
-        match = _VERB.match(line)
-        if match and 15 < len(line) < 90 and not line.endswith((",", " the", " or", " and")):
-          tasks.append(match.group(1).lower() + line[match.end():])
-  return sorted(set(tasks))
+      if isinstance(node, ast.FunctionDef):
+        yield text, node
 
 
 def chat_prompts(code_texts: Sequence[str], n: int, seed: int = 0) -> list[str]:
@@ -294,4 +303,40 @@ def chat_prompts(code_texts: Sequence[str], n: int, seed: int = 0) -> list[str]:
     else:
       prompts.append(_PROSE_TASKS[rng.integers(len(_PROSE_TASKS))].format(
           _SUBJECTS[rng.integers(len(_SUBJECTS))]))
+  return prompts
+
+
+# Changes asked of a function by ``edit_prompts`` ({name}: the function's, {arg}: its first
+# parameter); the answer is mostly the function copied back from the prompt.
+_EDITS = ("Add type hints.", "Add a docstring.", "Rename the function to {name}_v2.",
+          "Rename the parameter {arg} to {arg}_value.", "Add a comment to each line.",
+          "Raise a ValueError when {arg} is None.", "Log each call with print.",
+          "Make {arg} optional, defaulting to None.", "Remove the docstring.",
+          "Use early returns where possible.")
+
+
+def edit_prompts(code_texts: Sequence[str], n: int, seed: int = 0, max_lines: int = 10,
+                 max_chars: int = 240) -> list[str]:
+  """``n`` code-editing instructions for a chat model: a short function of ``code_texts``
+  (Python sources, at most ``max_lines`` lines and ``max_chars`` characters: the whole prompt
+  fits a training row's prompt tail) asked back with a change of ``_EDITS``, in the shape of
+  ``experiments.prompts.CODE_EDIT`` (whose hand-written functions are not among them). Their
+  answers copy spans of the prompt, what a head learns to draft on code edits only from such
+  examples (deterministic for a given seed and stdlib)."""
+  import ast
+
+  functions = []
+  for text, node in _functions(code_texts):
+    if node.args.args and node.col_offset == 0:
+      source = ast.get_source_segment(text, node)
+      if source and 3 <= source.count("\n") + 1 <= max_lines and len(source) <= max_chars:
+        functions.append((source, node.name, node.args.args[0].arg))
+  if n and not functions:
+    raise ValueError(f"no function of <= {max_lines} lines in the {len(code_texts)} code texts")
+  rng = np.random.default_rng([seed, 13])
+  prompts = []
+  for i in rng.permutation(max(len(functions), n))[:n] % max(len(functions), 1):
+    source, name, arg = functions[int(i)]
+    change = _EDITS[int(rng.integers(len(_EDITS)))].format(name=name, arg=arg)
+    prompts.append(f"{change} Return the whole function.\n\n```python\n{source}\n```")
   return prompts

@@ -43,8 +43,9 @@ from specjax.training.progress import log
 
 REPORT_FILE = "train_report.json"
 # The EAGLE-1 and EAGLE-3 heads' data (configs/train_eagle{,3}_smollm2.py, one dict so that the
-# two always train on the same): three times base_config's, which the other heads keep.
-EAGLE_DATA = dict(chat_prompts=288, code_prompts=96, text_rows=1152)
+# two always train on the same): three times base_config's, which the other heads keep, and 96
+# code edits (stdlib functions asked back with a change: what teaches a head to copy).
+EAGLE_DATA = dict(chat_prompts=288, code_prompts=96, edit_prompts=96, text_rows=1152)
 
 
 def base_config():
@@ -71,8 +72,14 @@ def base_config():
       draft_vocab=8192,        # EAGLE-3: the most frequent answer ids (0: the whole vocabulary)
       init_from_target=True,   # start as a pass-through of the target's top feature (EAGLE-3:
                                # its LM head and final norm too): init_eagle_head
+      layer_from_target=False,  # EAGLE-3: the midlayer starts as the target layer that reads
+                               # its high feature (init_eagle_head)
       chat_prompts=96,         # instructions of corpus.chat_prompts answered by the target
       code_prompts=32,         # stdlib code windows of prompt_tokens continued by the target
+      edit_prompts=0,          # corpus.edit_prompts: short stdlib functions asked back with a
+                               # change (answers of edit_answer_tokens; prompts that do not fit
+                               # a row with them are left out)
+      edit_answer_tokens=64,
       prompt_tokens=48,
       answer_tokens=96,        # max_new_tokens of each answer
       seq_len=160,             # row length (prompt tail + answer)
@@ -108,6 +115,19 @@ def training_rows(config, target, tokenizer, cache_dir: pathlib.Path) -> dict:
   t1 = time.time()
   tokens, mask = eagle_rows(target, prompts, int(e.answer_tokens), tokenizer.eos_token_id,
                             int(e.seq_len), cache_dir=cache_dir)
+  if int(e.edit_prompts):  # whole prompts in the row: the answer copies from them
+    if not getattr(tokenizer, "chat_template", None):
+      raise ValueError(f"eagle.edit_prompts={e.edit_prompts} asks a chat model for code edits, "
+                       f"but {config.teacher}'s tokenizer has no chat template")
+    room = int(e.seq_len) - int(e.edit_answer_tokens)
+    edits = [p for p in teacher_prompts(
+        tokenizer, corpus_lib.edit_prompts(corpus.train, 3 * int(e.edit_prompts), seed), [], 0)
+        if len(p) <= room][:int(e.edit_prompts)]
+    edit_tokens, edit_mask = eagle_rows(target, edits, int(e.edit_answer_tokens),
+                                        tokenizer.eos_token_id, int(e.seq_len),
+                                        cache_dir=cache_dir)
+    prompts = prompts + edits
+    tokens, mask = np.concatenate([tokens, edit_tokens]), np.concatenate([mask, edit_mask])
   t2 = time.time()
   order = np.random.default_rng([seed, 11]).permutation(len(tokens))  # chats and code mixed
   tokens, mask = tokens[order], mask[order]
@@ -187,7 +207,8 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
   else:
     head = init_eagle_head(target, kind, ids, key=int(e.train.seed),
                            num_layers=int(e.num_layers), from_target=bool(e.init_from_target),
-                           num_modules=int(e.mtp_modules))
+                           num_modules=int(e.mtp_modules),
+                           layer_from_target=bool(e.layer_from_target))
   with tempfile.TemporaryDirectory() as scratch:  # a layout save_head refuses fails now, not
     sj.save_head(head, scratch)                   # after minutes of training
   n_text, n_answers = data["text_rows"], len(tokens) - n_eval - data["text_rows"]

@@ -351,6 +351,21 @@ class PipelineTest(TeacherDirTest):
     self.assertLen(prompts, 9)
     self.assertIn("return the path of a file", prompts[0])  # a third are coding tasks
 
+  def test_edit_prompts(self):
+    from experiments import corpus as corpus_lib
+    short = "def area(width, height):\n    size = width * height\n    return size"
+    code = [f"import math\n\n{short}\n\n\nclass A:\n    def method(self, x):\n        return x\n",
+            "def long(a):\n" + "    a += 1\n" * 20 + "    return a\n", "not python ("]
+    prompts = corpus_lib.edit_prompts(code, 5, seed=1)
+    self.assertEqual(prompts, corpus_lib.edit_prompts(code, 5, seed=1))  # deterministic
+    self.assertLen(prompts, 5)  # the one short top-level function, with several changes
+    self.assertGreater(len(set(prompts)), 1)
+    for prompt in prompts:
+      self.assertTrue(prompt.endswith(f"Return the whole function.\n\n```python\n{short}\n```"))
+      self.assertNotIn("{", prompt.split(" Return")[0])  # the change's fields filled in
+    with self.assertRaisesRegex(ValueError, "no function of <= 10 lines in the 1 code texts"):
+      corpus_lib.edit_prompts(code[1:2], 3)
+
   def test_teacher_config_errors(self):
     c = self.config()
     c.phases = "target,draft_distill"

@@ -77,13 +77,13 @@ class PipelineTest(TeacherDirTest):
         mock.patch.object(smollm2_eagle, "train_config",
                           return_value=self.config("eagle")) as get:
       dest = smollm2_eagle.smollm2_head_dir("eagle")
-      self.assertEqual(dest.name, "smollm2-eagle-v2")
+      self.assertEqual(dest.name, "smollm2-eagle-v3")
       (dest / "head").mkdir(parents=True)  # an interrupted build: rebuilt, not used
       head_dir = smollm2_eagle.ensure_smollm2_head("eagle", verbose=False)
       self.assertEqual(head_dir, dest / "head")
       self.assertTrue(default_pair.is_complete(dest, ("head",), smollm2_eagle.HEAD_FILES["eagle"]))
       marker = json.loads((dest / default_pair.MARKER).read_text())
-      self.assertEqual(marker["version"], "smollm2-eagle-v2")
+      self.assertEqual(marker["version"], "smollm2-eagle-v3")
       report = json.loads((dest / eagle_phase.REPORT_FILE).read_text())
       self.assertEqual(report["acceptance"], {})  # skipped on first use
       self.assertLen(report["train"]["agreement"], 2)
@@ -95,6 +95,13 @@ class PipelineTest(TeacherDirTest):
       out = sj.generate(target, [[5, 17, 42, 3]], sj.Eagle(head, gamma=2), max_new_tokens=6)
       ref = sj.generate(target, [[5, 17, 42, 3]], max_new_tokens=6)
       np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+  def test_edit_prompts_need_a_chat_model(self):
+    c = self.config("eagle3")
+    c.eagle.edit_prompts = 4
+    with self.assertRaisesRegex(ValueError, "eagle.edit_prompts=4 asks a chat model for code "
+                                            "edits, but .* has no chat template"):
+      train.run(c, self.tmp / "edits")
 
   def test_eagle3_build_by_hand_reports_agreement_and_acceptance(self):
     with mock.patch.object(sj, "save_head", side_effect=_npz_save_head) as save:

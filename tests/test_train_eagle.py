@@ -119,6 +119,24 @@ class ForwardMatchesInferenceTest(parameterized.TestCase):
                                vocab_logits(head, target, hidden), atol=1e-5, rtol=1e-5)
 
 
+class LayerFromTargetTest(absltest.TestCase):
+
+  def test_eagle3_head_starts_as_the_layer_after_its_high_feature(self):
+    """``layer_from_target``: the midlayer is the target's next block, so the head's step 0 over
+    the target's own features returns that block's output (the fc passes the high feature)."""
+    target = random_transformer(CONFIG, 0)
+    head = et.init_eagle_head(target, "eagle3", layer_from_target=True)
+    layers = head.target_features(CONFIG)
+    tokens = jnp.asarray(rows()[1][:2, :16])
+    _, _, feats = target(tokens, init_cache(CONFIG, 2, 16), features=layers + (layers[-1] + 1,))
+    outs = eagle_forward.ttt_forward(head, target.embed[...], tokens[:, 1:],
+                                     eagle_forward.head_input(head, feats[:, :15, :3]), 1)
+    self.assertGreater(float(jnp.std(feats[:, :15, 3] - feats[:, :15, 2])), 1e-3)  # a real block
+    np.testing.assert_allclose(outs[0], feats[:, :15, 3], atol=1e-5, rtol=1e-5)
+    with self.assertRaisesRegex(ValueError, "layer_from_target is an EAGLE-3 initialisation"):
+      et.init_eagle_head(target, "eagle", layer_from_target=True)
+
+
 class TrainTest(parameterized.TestCase):
 
   @parameterized.parameters("eagle", "eagle3")
