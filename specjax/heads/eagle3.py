@@ -34,6 +34,7 @@ from flax import nnx
 from specjax.heads.eagle import head_config
 from specjax.models.config import ModelConfig, rope_inverse_frequencies
 from specjax.models.kv_cache import KVCache
+from specjax.models.reduced_vocab import scatter_to_vocab
 from specjax.models.transformer import (MLP, Attention, Dense, Norm, _param, attention_layout,
                                         feature_layers, rotary)
 
@@ -139,9 +140,7 @@ class Eagle3Head(nnx.Module):
     logits = self.draft_vocab_logits(hidden)
     if self.full_vocab:
       return logits
-    full = jnp.full(logits.shape[:-1] + (self.config.vocab_size,), -jnp.inf, jnp.float32)
-    return full.at[..., self.draft_ids[...]].set(logits, unique_indices=True,
-                                                   indices_are_sorted=True)
+    return scatter_to_vocab(logits, self.draft_ids[...], self.config.vocab_size)
 
 
 def init_head3(target_config: ModelConfig, key: jax.Array | int = 0, draft_ids=None,
