@@ -119,22 +119,36 @@ class ForwardMatchesInferenceTest(parameterized.TestCase):
                                vocab_logits(head, target, hidden), atol=1e-5, rtol=1e-5)
 
 
-class LayerFromTargetTest(absltest.TestCase):
+class LayerFromTargetTest(parameterized.TestCase):
 
-  def test_eagle3_head_starts_as_the_layer_after_its_high_feature(self):
+  @parameterized.named_parameters(
+      ("llama", {}), ("qwen2_biases", dict(model_type="qwen2", attention_bias=True)),
+      ("qwen3_qk_norms", dict(model_type="qwen3")))
+  def test_eagle3_head_starts_as_the_layer_after_its_high_feature(self, changes):
     """``layer_from_target``: the midlayer is the target's next block, so the head's step 0 over
     the target's own features returns that block's output (the fc passes the high feature)."""
-    target = random_transformer(CONFIG, 0)
+    config = dataclasses.replace(CONFIG, **changes)
+    target = random_transformer(config, 0)
+    if changes:  # random biases and q/k norms, so that copying them is tested
+      state = nnx.state(target, nnx.Param)
+      leaves, treedef = jax.tree.flatten(state)
+      rng = np.random.default_rng(5)
+      nnx.update(target, jax.tree.unflatten(treedef, [
+          x + jnp.asarray(0.3 * rng.normal(size=x.shape), x.dtype) if x.ndim == 1 else x
+          for x in leaves]))
     head = et.init_eagle_head(target, "eagle3", layer_from_target=True)
-    layers = head.target_features(CONFIG)
+    layers = head.target_features(config)
     tokens = jnp.asarray(rows()[1][:2, :16])
-    _, _, feats = target(tokens, init_cache(CONFIG, 2, 16), features=layers + (layers[-1] + 1,))
+    _, _, feats = target(tokens, init_cache(config, 2, 16), features=layers + (layers[-1] + 1,))
     outs = eagle_forward.ttt_forward(head, target.embed[...], tokens[:, 1:],
                                      eagle_forward.head_input(head, feats[:, :15, :3]), 1)
     self.assertGreater(float(jnp.std(feats[:, :15, 3] - feats[:, :15, 2])), 1e-3)  # a real block
     np.testing.assert_allclose(outs[0], feats[:, :15, 3], atol=1e-5, rtol=1e-5)
     with self.assertRaisesRegex(ValueError, "layer_from_target is an EAGLE-3 initialisation"):
       et.init_eagle_head(target, "eagle", layer_from_target=True)
+    top = Eagle3Head(head.config, nnx.Rngs(0), target_layers=(0, 1, 3))
+    with self.assertRaisesRegex(ValueError, r"output of the target's last layer \(3\)"):
+      et._copy_target_layer(target, top)
 
 
 class TrainTest(parameterized.TestCase):

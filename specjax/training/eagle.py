@@ -162,26 +162,34 @@ def init_eagle_head(target, kind: str = "eagle3", draft_ids=None, key: int = 0,
 def _copy_target_layer(target, head) -> None:
   """EAGLE-3's midlayer set to the target layer its fused input enters (the one after the high
   feature): attention over the hidden half with that layer's q/k/v (the embedding half zero),
-  its norms, ``o`` and MLP, so that the head starts as that layer run on the target's own
-  features."""
+  its norms, ``o``, MLP and any biases or q/k norms, so that the head (with ``from_target``'s
+  ``fc``) starts as that layer run on the target's own features."""
   if not isinstance(head, Eagle3Head):
     raise ValueError("layer_from_target is an EAGLE-3 initialisation")
   index = head.target_features(target.config)[-1] + 1  # a block's output: the next one reads it
   if index >= target.config.num_layers:
-    raise ValueError(f"the head's high feature is the target's last layer ({index - 1}): no "
-                     f"layer reads it")
+    raise ValueError(f"layer_from_target: the head's high feature is the output of the "
+                     f"target's last layer ({index - 1}), which no layer reads")
   source, layer = target.layers[index], head.midlayer
   e = target.config.hidden_size
   f32 = lambda x: jnp.asarray(x[...], jnp.float32)
+
+  def copy(dst, src, pad: bool = False):
+    w = f32(src.kernel)
+    dst.kernel[...] = jnp.zeros_like(dst.kernel[...]).at[e:].set(w) if pad else w
+    if src.bias is not None:
+      dst.bias[...] = f32(src.bias)
+
   for name in ("q", "k", "v"):
-    dense = getattr(layer.attn, name)
-    w = f32(getattr(source.attn, name).kernel)
-    dense.kernel[...] = jnp.zeros_like(dense.kernel[...]).at[e:].set(w)
-  layer.attn.o.kernel[...] = f32(source.attn.o.kernel)
-  layer.hidden_norm.scale[...] = f32(source.attn_norm.scale)
-  layer.mlp_norm.scale[...] = f32(source.mlp_norm.scale)
+    copy(getattr(layer.attn, name), getattr(source.attn, name), pad=True)
+  copy(layer.attn.o, source.attn.o)
   for name in ("gate", "up", "down"):
-    getattr(layer.mlp, name).kernel[...] = f32(getattr(source.mlp, name).kernel)
+    copy(getattr(layer.mlp, name), getattr(source.mlp, name))
+  norms = [(layer.hidden_norm, source.attn_norm), (layer.mlp_norm, source.mlp_norm),
+           (layer.attn.q_norm, source.attn.q_norm), (layer.attn.k_norm, source.attn.k_norm)]
+  for dst, src in norms:
+    if src is not None:
+      dst.scale[...] = f32(src.scale)
 
 
 def _loss(params, graphdef, rest, batch, consts, key, spec: Spec):
