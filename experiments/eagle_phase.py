@@ -123,6 +123,9 @@ def training_rows(config, target, tokenizer, cache_dir: pathlib.Path) -> dict:
     edits = [p for p in teacher_prompts(
         tokenizer, corpus_lib.edit_prompts(corpus.train, 3 * int(e.edit_prompts), seed), [], 0)
         if len(p) <= room][:int(e.edit_prompts)]
+    if not edits:
+      raise ValueError(f"no code-edit prompt fits a row of eagle.seq_len={e.seq_len} with "
+                       f"eagle.edit_answer_tokens={e.edit_answer_tokens} answer tokens")
     edit_tokens, edit_mask = eagle_rows(target, edits, int(e.edit_answer_tokens),
                                         tokenizer.eos_token_id, int(e.seq_len),
                                         cache_dir=cache_dir)

@@ -103,6 +103,32 @@ class PipelineTest(TeacherDirTest):
                                             "edits, but .* has no chat template"):
       train.run(c, self.tmp / "edits")
 
+  def test_edit_prompts_add_answer_rows_that_fit(self):
+    tokenizer = sj.load_tokenizer(str(self.teacher_dir))
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    c = self.config("eagle3")
+    c.eagle.edit_prompts, c.eagle.edit_answer_tokens, c.eagle.seq_len = 3, 6, 40
+    target = sj.load_model(str(self.teacher_dir))
+    long = "Add a docstring. " + "def f(a):\n    return a\n" * 20  # does not fit a row
+    short = [f"Add type hints. def f{i}(a):\n    return a" for i in range(4)]
+    with mock.patch.object(eagle_phase.corpus_lib, "edit_prompts",
+                           return_value=[long] + short) as edits:
+      data = eagle_phase.training_rows(c, target, tokenizer, self.tmp / "edit_rows")
+    self.assertEqual(edits.call_args.args[1], 9)  # three times the edits asked for
+    c.eagle.edit_prompts = 0
+    plain = eagle_phase.training_rows(c, target, tokenizer, self.tmp / "edit_rows")
+    self.assertEqual(data["sizes"]["prompts"], plain["sizes"]["prompts"] + 3)  # 3 short edits
+    self.assertEqual(data["tokens"].shape, (len(plain["tokens"]) + 3, 40))
+    c.eagle.edit_prompts = 3
+    ids = [tokenizer.encode(p, add_special_tokens=False) for p in short[:3]]
+    rows = [r.tolist() for r in data["tokens"]]
+    for prompt in ids:  # each edit row starts with its whole prompt
+      self.assertTrue(any(r[:len(prompt)] == prompt for r in rows))
+    with mock.patch.object(eagle_phase.corpus_lib, "edit_prompts", return_value=[long]), \
+        self.assertRaisesRegex(ValueError, "no code-edit prompt fits a row of eagle.seq_len=40 "
+                                           "with eagle.edit_answer_tokens=6"):
+      eagle_phase.training_rows(c, target, tokenizer, self.tmp / "edit_rows")
+
   def test_eagle3_build_by_hand_reports_agreement_and_acceptance(self):
     with mock.patch.object(sj, "save_head", side_effect=_npz_save_head) as save:
       report = train.run(self.config("eagle3"), self.tmp / "eagle3")  # the eagle block's phase
