@@ -238,7 +238,9 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
                                int(e.eval_new_tokens), tokenizer.eos_token_id)
       report["acceptance"][name] = acc
       log(f"{kind}: held-out {name} prompts, greedy acceptance per position at gamma "
-          f"{acc['gamma']}: " + " ".join(f"{a:.3f}" for a in acc["per_position"]))
+          f"{acc['gamma']}: " + " ".join(f"{a:.3f}" for a in acc["per_position"])
+          + (f" (draft vocabulary holds {acc['vocab_coverage']:.3f} of the target's tokens)"
+             if "vocab_coverage" in acc else ""))
     seconds["acceptance"] = time.time() - t1
     # Hydra++'s file carries the target's embedding for the repository's strict load
     sj.save_head(head, out_dir / "head", target=target if kind == "hydra" else None)

@@ -172,6 +172,24 @@ class TrainTest(parameterized.TestCase):
     self.assertLen(report["agreement"], 3)
     self.assertGreater(report["agreement"][0], 0.5)
 
+  def test_acceptance_reports_the_draft_vocabulary_coverage(self):
+    """EAGLE-3: the share of the target's greedy tokens inside the head's draft vocabulary,
+    counted independently from autoregressive decoding's output (greedy drafting emits exactly
+    those tokens); EAGLE-1 heads, whose vocabulary is the target's, report none."""
+    prompts = rows()[0][-4:]
+    target = random_transformer(CONFIG, 0)
+    ids = np.arange(0, CONFIG.vocab_size, 2)  # the even ids: the target emits odd ones too
+    head = et.init_eagle_head(target, "eagle3", ids, key=1)
+    np.testing.assert_array_equal(head.draft_ids[...], ids)
+    got = et.eagle_acceptance(target, head, prompts, gamma=2, max_new_tokens=12)
+    out = sj.generate(target, prompts, sj.Autoregressive(), max_new_tokens=12)
+    emitted = [int(t) for b in range(len(prompts)) for t in out.tokens[b, :out.lengths[b]]]
+    expected = np.mean([t in set(ids.tolist()) for t in emitted])
+    self.assertLess(expected, 1.0)  # some emitted tokens fall outside: the count is tested
+    self.assertAlmostEqual(got["vocab_coverage"], expected, places=6)
+    self.assertNotIn("vocab_coverage",
+                     et.eagle_acceptance(target, new_head("eagle"), prompts, 2, 12))
+
   def test_resumed_run_is_bit_identical(self):
     _, tokens, mask = rows()
     target = random_transformer(CONFIG, 0)

@@ -350,7 +350,9 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
     report["acceptance"] = eagle_acceptance(target, head, eval_prompts, eval_gamma,
                                             eval_new_tokens, eos_token_id)
     log(f"{name}: greedy acceptance per position at gamma {eval_gamma}: "
-        + " ".join(f"{a:.3f}" for a in report["acceptance"]["per_position"]))
+        + " ".join(f"{a:.3f}" for a in report["acceptance"]["per_position"])
+        + (f" (draft vocabulary holds {report['acceptance']['vocab_coverage']:.3f} of the "
+           f"target's tokens)" if "vocab_coverage" in report["acceptance"] else ""))
   report["seconds"]["eval"] = time.time() - t2
   log_times(name, report["seconds"])
   return head, report

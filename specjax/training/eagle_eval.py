@@ -59,7 +59,9 @@ def eagle_acceptance(target, head, prompts, gamma: int = 4, max_new_tokens: int 
   ``prompts`` (one batch): ``per_position``, draft
   position i's acceptance (``stats.accepted_per_position / proposed_per_position``: the chance
   that the first i + 1 drafts all pass), ``conditional`` (position i's given position i - 1's:
-  the EAGLE papers' n-alpha), the overall acceptance rate and tokens per target call."""
+  the EAGLE papers' n-alpha), the overall acceptance rate and tokens per target call. An EAGLE-3
+  head also gets ``vocab_coverage``: the share of the emitted tokens (the target's own greedy
+  text) inside its draft vocabulary, the ceiling of any position's acceptance."""
   from specjax.decoding.head_methods import MTP, Eagle
   from specjax.heads.mtp import MTPStack
 
@@ -67,13 +69,14 @@ def eagle_acceptance(target, head, prompts, gamma: int = 4, max_new_tokens: int 
     method = MTP(head, gamma=min(gamma, head.num_modules))
   else:
     method = Eagle(head, gamma=gamma)
-  return method_acceptance(target, method, prompts, max_new_tokens, eos_token_id)
+  ids = np.asarray(head.draft_ids[...]) if isinstance(head, Eagle3Head) else None
+  return method_acceptance(target, method, prompts, max_new_tokens, eos_token_id, ids)
 
 
 def method_acceptance(target, method, prompts, max_new_tokens: int = 64,
-                      eos_token_id=None) -> dict:
+                      eos_token_id=None, vocab_ids=None) -> dict:
   """Greedy ``method`` (a chain of ``method.gamma``) on ``prompts`` in one batch: the figures
-  ``eagle_acceptance`` describes."""
+  ``eagle_acceptance`` describes; with ``vocab_ids`` (a draft vocabulary), ``vocab_coverage``."""
   from specjax.decoding.generate import generate
 
   out = generate(target, [list(p) for p in prompts], method, max_new_tokens=max_new_tokens,
@@ -81,6 +84,12 @@ def method_acceptance(target, method, prompts, max_new_tokens: int = 64,
   s = out.stats
   per = [float(a) for a in s.acceptance_by_position]
   cond = [a / b if b > 0 else float("nan") for a, b in zip(per, [1.0] + per[:-1])]
-  return {"gamma": int(method.gamma), "per_position": per, "conditional": cond,
-          "acceptance_rate": float(s.acceptance_rate),
-          "tokens_per_call": float(s.tokens_per_target_call)}
+  report = {"gamma": int(method.gamma), "per_position": per, "conditional": cond,
+            "acceptance_rate": float(s.acceptance_rate),
+            "tokens_per_call": float(s.tokens_per_target_call)}
+  if vocab_ids is not None:
+    tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+    emitted = np.concatenate([tokens[b, :lengths[b]] for b in range(len(lengths))])
+    report["vocab_coverage"] = float(np.isin(emitted, vocab_ids).mean()) if emitted.size else (
+        float("nan"))
+  return report
