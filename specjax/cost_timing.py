@@ -107,7 +107,7 @@ def _head_steps_fn():
   def head_steps(head_graphdef, target_graphdef, head_state, target_state, tokens, hidden, cache,
                  k):
     """``k`` greedy drafting steps of an EAGLE head in one ``fori_loop`` (one head pass and its
-    draft logits each, what a chain's step costs; ``proposers.eagle``), the argmax and the
+    greedy draft each, what a chain's step costs; ``proposers.eagle``), the argmax and the
     predicted feature feeding the next, writing at the same cache slots every time."""
     models = eagle_lib.Models(head_graphdef, target_graphdef, (head_state, target_state))
     lengths = cache.lengths
@@ -116,7 +116,7 @@ def _head_steps_fn():
       tokens, hidden, cache = carry
       out, cache = models.step(tokens[:, None], hidden[:, None], cache.with_lengths(lengths))
       hidden = out[:, 0]
-      return jnp.argmax(models.logits(hidden), axis=-1).astype(tokens.dtype), hidden, cache
+      return models.draw(None, hidden, Sampling(0.0))[0].astype(tokens.dtype), hidden, cache
 
     return jax.lax.fori_loop(0, k, body, (tokens, hidden, cache))
 

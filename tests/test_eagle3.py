@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -142,6 +143,31 @@ class GreedyTest(parameterized.TestCase):
 
   def test_oracle_head_accepts_everything(self):
     assert_accepts_everything(self, *oracle_pair())
+
+  def test_greedy_draft_is_the_argmax_of_the_scattered_row(self):
+    """The greedy chain's shortcut (the argmax over the draft vocabulary, then its target id)
+    picks the token the V-wide row's argmax picks, for a reduced and a full vocabulary, and on a
+    tie the lowest target id, as the row's argmax does."""
+    hidden = jax.random.normal(jax.random.key(3), (5, 7, E3_CONFIG.hidden_size))
+    for ids in (DRAFT_IDS, tuple(range(E3_CONFIG.vocab_size))):
+      head = random_head3(draft_ids=ids)
+      want = jnp.argmax(head.draft_logits(hidden), axis=-1)
+      self.assertGreater(len(np.unique(want)), 3)  # the rows do not all agree
+      np.testing.assert_array_equal(head.greedy_draft(hidden), want)
+    head = random_head3()
+    w = np.zeros(head.lm_head[...].shape, np.float32)
+    w[:, 2] = w[:, 5] = 0.1  # draft ids 2 and 5 (target ids 3 and 7) tie at the top
+    head.lm_head.value = jnp.asarray(w, head.lm_head[...].dtype)
+    ones = jnp.ones((2, E3_CONFIG.hidden_size))
+    np.testing.assert_array_equal(jnp.argmax(head.draft_logits(ones), -1), [3, 3])
+    np.testing.assert_array_equal(head.greedy_draft(ones), [3, 3])
+    head_graph, head_state = nnx.split(head)
+    target_graph, target_state = nnx.split(random_transformer(E3_CONFIG, 0))
+    models = eagle_lib.Models(head_graph, target_graph, (head_state, target_state))
+    token, q = models.draw(None, ones, S(0.0))
+    np.testing.assert_array_equal(token, [3, 3])
+    self.assertIsNone(q)
+
 
   def test_acceptance_equals_reference(self):
     """Every row accepts exactly as many drafts as the cache-free reference (static tree); a

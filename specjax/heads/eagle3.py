@@ -133,6 +133,14 @@ class Eagle3Head(nnx.Module):
     """float32[..., V_draft] logits over the draft vocabulary."""
     return jnp.dot(self.norm(hidden), self.lm_head[...], preferred_element_type=jnp.float32)
 
+  def greedy_draft(self, hidden: jax.Array) -> jax.Array:
+    """int32[...]: the target id of the draft vocabulary's argmax, ``greedy(draft_logits(hidden))``
+    without building the V-wide row (the ids ascend, so a tie goes to the lowest target id either
+    way). On XLA:CPU the scatter and an argmax over SmolLM2's 49152 columns took 0.37 ms of a
+    greedy head step at batch 1 against 0.16 ms this way (0.83 against 0.25 at batch 4)."""
+    best = jnp.argmax(self.draft_vocab_logits(hidden), axis=-1).astype(jnp.int32)
+    return best if self.full_vocab else jnp.take(self.draft_ids[...], best)
+
   def draft_logits(self, hidden: jax.Array, target=None) -> jax.Array:
     """float32[..., V] logits in the target's vocabulary: the draft vocabulary's, ``-inf``
     elsewhere (so the draft law is exactly 0 there)."""

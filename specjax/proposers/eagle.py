@@ -74,6 +74,15 @@ class Models:
   def logits(self, hidden: jax.Array) -> jax.Array:
     return self.head.draft_logits(hidden, self.target)
 
+  def draw(self, keys: jax.Array, hidden: jax.Array, sampling):
+    """``draft_chain.draw`` from the head's logits at ``hidden``; greedy through the head's own
+    ``greedy_draft`` where it has one (EAGLE-3: the argmax over its draft vocabulary, the same
+    token without the V-wide row)."""
+    greedy = getattr(self.head, "greedy_draft", None)
+    if sampling.is_greedy and greedy is not None:
+      return greedy(hidden), None
+    return draw(keys, self.logits(hidden), sampling)
+
 
 def prefill(models: Models, prompt: jax.Array, prompt_lengths: jax.Array, cache_length: int,
             features: jax.Array, depth: int) -> EagleState:
@@ -167,14 +176,14 @@ class EagleChain(GammaChain, EagleProposer):
   def propose(self, params, state, pending, keys, sampling):
     models = self.models(params)
     feature, cache = catch_up(models, state, pending)
-    token, q = draw(keys[:, 0], models.logits(feature), sampling)
+    token, q = models.draw(keys[:, 0], feature, sampling)
 
     def step(carry, key):
       cache, token, feature = carry
       hidden, cache = models.step(token[:, None], feature[:, None], cache)
       cache = cache.with_lengths(cache.lengths + 1)
       feature = hidden[:, 0]
-      token, q = draw(key, models.logits(feature), sampling)
+      token, q = models.draw(key, feature, sampling)
       return (cache, token, feature), (token, q)
 
     (cache, _, _), tokens, q = draw_rest(step, (cache, token, feature), token, q, keys)
