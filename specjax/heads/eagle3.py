@@ -136,8 +136,8 @@ class Eagle3Head(nnx.Module):
   def greedy_draft(self, hidden: jax.Array) -> jax.Array:
     """int32[...]: the target id of the draft vocabulary's argmax, ``greedy(draft_logits(hidden))``
     without building the V-wide row (the ids ascend, so a tie goes to the lowest target id either
-    way). On XLA:CPU the scatter and an argmax over SmolLM2's 49152 columns took 0.37 ms of a
-    greedy head step at batch 1 against 0.16 ms this way (0.83 against 0.25 at batch 4)."""
+    way). SmolLM2's 4096-id head on XLA:CPU: a greedy step 0.66 ms this way against 0.90 ms
+    through the 49152-wide row at batch 1, 1.25 against 1.73 at batch 4."""
     best = jnp.argmax(self.draft_vocab_logits(hidden), axis=-1).astype(jnp.int32)
     return best if self.full_vocab else jnp.take(self.draft_ids[...], best)
 
