@@ -10,8 +10,9 @@ training-time test, a reduced draft vocabulary, ``smollm2-eagle3``), both traine
 on first use (configs/train_eagle_smollm2.py, configs/train_eagle3_smollm2.py) and cached; the
 distilled draft (``smollm2-draft``) as chains at the same gammas; each head also as two EAGLE-2
 dynamic trees, a small one (``3x2x4``: 4 nodes, the fastest tree on a 2-core CPU, where a pass
-over 13 tokens costs 2.3 steps) and EAGLE-2's shape (``4x4x12``, for accelerators). The report gives tokens per target call, acceptance by position, wall clock
-against our autoregressive decoding, and checks every greedy row against it token for token.
+over 13 tokens costs 2.3 steps) and EAGLE-2's shape (``4x4x12``, for accelerators). The report
+gives tokens per target call, acceptance by position, wall clock against our autoregressive
+decoding, and checks every greedy row against it token for token.
 Prompts: the code-edit chats of configs/smollm2.py (the heads never trained on them).
 """
 
