@@ -182,6 +182,7 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
   import specjax as sj
   from specjax.training import draft_vocabulary, init_eagle_head, train_eagle
   from specjax.training.eagle import eagle_acceptance
+  from specjax.training.eagle_eval import describe_acceptance
   from specjax.training.medusa import (init_hydra_heads, init_medusa_heads, medusa_acceptance,
                                       train_medusa)
 
@@ -238,9 +239,7 @@ def run(config, out_dir: str | os.PathLike | None = None) -> dict:
                                int(e.eval_new_tokens), tokenizer.eos_token_id)
       report["acceptance"][name] = acc
       log(f"{kind}: held-out {name} prompts, greedy acceptance per position at gamma "
-          f"{acc['gamma']}: " + " ".join(f"{a:.3f}" for a in acc["per_position"])
-          + (f" (draft vocabulary holds {acc['vocab_coverage']:.3f} of the target's tokens)"
-             if "vocab_coverage" in acc else ""))
+          f"{acc['gamma']}: " + describe_acceptance(acc))
     seconds["acceptance"] = time.time() - t1
     # Hydra++'s file carries the target's embedding for the repository's strict load
     sj.save_head(head, out_dir / "head", target=target if kind == "hydra" else None)

@@ -23,7 +23,7 @@ import specjax as sj
 from specjax.heads.eagle3 import Eagle3Head
 from specjax.models.kv_cache import init_cache
 from specjax.training import eagle as et
-from specjax.training import eagle_data, eagle_forward, head_loop
+from specjax.training import eagle_data, eagle_eval, eagle_forward, head_loop
 from specjax.training.progress import set_verbose
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
@@ -187,6 +187,8 @@ class TrainTest(parameterized.TestCase):
     expected = np.mean([t in set(ids.tolist()) for t in emitted])
     self.assertLess(expected, 1.0)  # some emitted tokens fall outside: the count is tested
     self.assertAlmostEqual(got["vocab_coverage"], expected, places=6)
+    self.assertIn(f"(draft vocabulary holds {expected:.3f} of the target's tokens)",
+                  eagle_eval.describe_acceptance(got))
     self.assertNotIn("vocab_coverage",
                      et.eagle_acceptance(target, new_head("eagle"), prompts, 2, 12))
 

@@ -65,7 +65,7 @@ from specjax.heads.eagle3 import Eagle3Head, init_head3
 from specjax.heads.mtp import MTPHead, MTPStack, init_mtp
 from specjax.training.eagle_data import (answer_rows, draft_vocabulary, eagle_rows,  # noqa: F401
                                          extract_features, feature_layers_of)
-from specjax.training.eagle_eval import eagle_acceptance, ttt_agreement
+from specjax.training.eagle_eval import describe_acceptance, eagle_acceptance, ttt_agreement
 from specjax.training.eagle_forward import (Spec, head_logits, smooth_l1, soft_cross_entropy,
                                             step_head, step_inputs, step_mask, ttt_forward)
 from specjax.training.forward import mm, split
@@ -350,9 +350,7 @@ def train_eagle(target, head, tokens: np.ndarray, mask: np.ndarray | None = None
     report["acceptance"] = eagle_acceptance(target, head, eval_prompts, eval_gamma,
                                             eval_new_tokens, eos_token_id)
     log(f"{name}: greedy acceptance per position at gamma {eval_gamma}: "
-        + " ".join(f"{a:.3f}" for a in report["acceptance"]["per_position"])
-        + (f" (draft vocabulary holds {report['acceptance']['vocab_coverage']:.3f} of the "
-           f"target's tokens)" if "vocab_coverage" in report["acceptance"] else ""))
+        + describe_acceptance(report["acceptance"]))
   report["seconds"]["eval"] = time.time() - t2
   log_times(name, report["seconds"])
   return head, report

@@ -73,6 +73,15 @@ def eagle_acceptance(target, head, prompts, gamma: int = 4, max_new_tokens: int 
   return method_acceptance(target, method, prompts, max_new_tokens, eos_token_id, ids)
 
 
+def describe_acceptance(acceptance: dict) -> str:
+  """``eagle_acceptance``'s report as a log line: acceptance per draft position, and the draft
+  vocabulary's coverage when the report has it."""
+  line = " ".join(f"{a:.3f}" for a in acceptance["per_position"])
+  if "vocab_coverage" in acceptance:
+    line += f" (draft vocabulary holds {acceptance['vocab_coverage']:.3f} of the target's tokens)"
+  return line
+
+
 def method_acceptance(target, method, prompts, max_new_tokens: int = 64,
                       eos_token_id=None, vocab_ids=None) -> dict:
   """Greedy ``method`` (a chain of ``method.gamma``) on ``prompts`` in one batch: the figures

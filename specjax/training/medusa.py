@@ -44,7 +44,7 @@ from specjax.heads.medusa import init_medusa, start_from_target
 from specjax.models.kv_cache import init_cache
 from specjax.models.transformer import NORMED
 from specjax.training.eagle_data import draft_vocabulary, extract_features
-from specjax.training.eagle_eval import method_acceptance
+from specjax.training.eagle_eval import describe_acceptance, method_acceptance
 from specjax.training.eagle_forward import soft_cross_entropy
 from specjax.training.forward import mm, split
 from specjax.training.head_loop import log_times, loop_defaults, row_weights, train_head_steps
@@ -243,8 +243,7 @@ def train_medusa(target, heads, tokens: np.ndarray, mask: np.ndarray | None = No
     report["acceptance"] = medusa_acceptance(target, heads, eval_prompts,
                                              max_new_tokens=eval_new_tokens,
                                              eos_token_id=eos_token_id)
-    log(f"{name}: greedy acceptance per position: "
-        + " ".join(f"{a:.3f}" for a in report["acceptance"]["per_position"]))
+    log(f"{name}: greedy acceptance per position: " + describe_acceptance(report["acceptance"]))
   report["seconds"]["eval"] = time.time() - t1
   log_times(name, report["seconds"])
   return heads, report
