@@ -164,11 +164,12 @@ class ChoiceTest(absltest.TestCase):
 
   def test_look_scores_the_skipped_drafts_guesses(self):
     """In a plain stretch (rule "cost") a skipped draft catches up with the text and its guess
-    after each token is scored against the plain token that came; position 0's estimate takes
-    them as ``count`` EMA steps to their mean. Reference: the draft's logits from one pass over
-    the whole text; scored: the tokens it had not seen that plain iterations drew (p > 0),
-    the pending one included (T = 0: the match; T > 0: min(1, q(x) / p(x))); the entries past
-    position 0 capped at position 0's new estimate; the inactive row unchanged."""
+    after each of the last ``LOOK_SCORED`` tokens is scored against the plain token that came;
+    position 0's estimate takes them as ``count`` EMA steps to their mean. Reference: the
+    draft's logits from one pass over the whole text; scored: of the last ``LOOK_SCORED`` tokens
+    it had not seen, those whose successor a plain iteration drew (p > 0), the pending one
+    included (T = 0: the match; T > 0: min(1, q(x) / p(x))); the entries past position 0 capped
+    at position 0's new estimate; the inactive row unchanged."""
     target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
     method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=table(), decay=0.2)
     proposer, params = method.proposer(target)
@@ -195,7 +196,8 @@ class ChoiceTest(absltest.TestCase):
       got = np.asarray(looked.acceptance)
       for b in range(2):
         values = []
-        for t in range(prompt_lengths[b] + 1, lengths[b] + 1):
+        first = max(prompt_lengths[b], lengths[b] - adaptive_lib.LOOK_SCORED) + 1
+        for t in range(first, lengths[b] + 1):
           if plain_p[b, t] == 0:
             continue
           if sampling.is_greedy:
@@ -204,7 +206,7 @@ class ChoiceTest(absltest.TestCase):
             q = np.asarray(sampling_lib.probabilities(jnp.asarray(logits[b, t - 1]), sampling))
             values.append(min(1.0, q[text[b, t]] / plain_p[b, t]))
         kept = 0.8 ** len(values)
-        self.assertGreater(len(values), 4)
+        self.assertEqual(len(values), (4, 3)[b])  # row 1's token 8 came from speculation
         np.testing.assert_allclose(got[b, 0], kept * 0.5 + (1 - kept) * np.mean(values),
                                    rtol=1e-5, err_msg=f"row {b}, {sampling}")
         self.assertEqual(int(looked.inner.cache.lengths[b]), lengths[b])  # caught up
@@ -227,6 +229,28 @@ class ChoiceTest(absltest.TestCase):
       self.assertEqual(int(after.plain_run), 0 if looks else run)
       if not looks:
         self.assertEqual(int(index), 0)
+      # A look that leaves the rule plain doubles the span to the next; speculating resets it.
+      self.assertEqual(int(after.look_every), span if not looks or index > 0 else 2 * span)
+    # Backing off: where speculation never pays, each look puts the next twice as far off, up
+    # to LOOK_BACKOFF spans; a plain run short of the current span does not look; a
+    # speculating iteration (FLAT: drafting is free) brings the first span back.
+    hopeless, _ = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=PROHIBITIVE,
+                              decay=0.2).proposer(target)
+    cap = adaptive_lib.LOOK_BACKOFF * span
+    for every, run, after_every in ((span, span, 2 * span), (2 * span, 2 * span, 4 * span),
+                                    (cap, cap, cap), (2 * span, span, 2 * span)):
+      start = state.replace(last=jnp.int32(0), plain_run=jnp.int32(run),
+                            look_every=jnp.int32(every))
+      index, after = hopeless.choose(params, start, jnp.asarray(pending), keys, S(0.0), active,
+                                     jnp.full((3,), 64, jnp.int32))
+      self.assertEqual((int(index), int(after.look_every)), (0, after_every), msg=f"{every}")
+      self.assertEqual(int(after.plain_run), 0 if run >= every else run)
+    free, _ = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=FLAT,
+                          decay=0.2).proposer(target)
+    index, after = free.choose(params, start.replace(plain_run=jnp.int32(cap)),
+                               jnp.asarray(pending), keys, S(0.0), active,
+                               jnp.full((3,), 64, jnp.int32))
+    self.assertEqual((int(index), int(after.look_every)), (3, span))
 
   def test_commit_observes_the_tested_positions_and_drifts_the_rest(self):
     """After a speculating iteration of 2 drafts: the positions whose test ran take an EMA step

@@ -31,6 +31,7 @@ from specjax import training
 from specjax.models.kv_cache import init_cache
 from specjax.models.layer_skip import skip_layers
 from specjax.models.reduced_vocab import VOCAB_FILE, ReducedVocabTransformer, reduce_vocab
+from specjax.proposers import draft_chain
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests import tabular
@@ -174,6 +175,43 @@ class ReducedVocabTest(absltest.TestCase):
                             intermediate_size=32, tie_word_embeddings=False)
     untied = sj.init_model(config, jax.random.key(1))
     self.check(sj.forward(reduce_vocab(untied, self.ids), tokens), sj.forward(untied, tokens))
+
+  def test_greedy_draft_is_the_argmax_of_the_scattered_row(self):
+    """A greedy draft's shortcut (``greedy_draft``: the argmax over the kept ids' logits, mapped
+    to their ids) picks the V-wide row's argmax, a tie going to the lowest id as there;
+    ``draft_chain.run`` hands it out for each token of a pass (what an adaptive look scores),
+    and a greedy chain drafted through it is the row-argmax chain."""
+    view = reduce_vocab(self.model, self.ids)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 40, (3, 6)))
+    want = np.argmax(np.asarray(sj.forward(view, tokens)), -1)
+    self.assertGreater(len(np.unique(want)), 2)  # the rows do not all agree
+    cache = init_cache(view.config, 3, 16)
+    _, guesses, _ = draft_chain.run(view, tokens, cache, greedy=True)
+    np.testing.assert_array_equal(guesses, want)
+    self.assertIsNone(draft_chain.run(view, tokens, cache)[1])  # not asked for: no guesses
+    self.assertIsNone(draft_chain.run(self.model, tokens, cache, greedy=True)[1])  # full head
+    # A greedy chain of 3 drafts after a prompt: each the argmax after the text so far; rows 0
+    # and 2 are behind (their last accepted draft, token 4, is fed with the pending token 5).
+    state = draft_chain.prefill(view, cache, tokens[:, :4], jnp.full((3,), 4, jnp.int32))
+    behind = jnp.asarray([True, False, True])
+    state = state.replace(behind=behind, last_draft=tokens[:, 4])
+    pending = jnp.where(behind, tokens[:, 5], tokens[:, 4])
+    keys = jax.random.split(jax.random.key(0), 9).reshape(3, 3)
+    drafts, q, _ = draft_chain.propose(view, state, pending, keys, sj.Sampling(0.0), 3)
+    self.assertIsNone(q)
+    for b in range(3):
+      text = np.asarray(tokens[b:b + 1, :6 if behind[b] else 5])
+      for i in range(3):
+        nxt = np.argmax(np.asarray(sj.forward(view, text))[:, -1], -1)
+        np.testing.assert_array_equal(drafts[b:b + 1, i], nxt)
+        text = np.concatenate([text, nxt[:, None]], axis=1)
+    # A tie between kept ids 3 and 25 (and everything else lower): the lowest id, as the row's.
+    head = np.zeros(view.kept_head[...].shape, np.float32)
+    head[:, [1, 4]] = 0.5
+    view.kept_head[...] = jnp.asarray(head, view.kept_head[...].dtype)
+    ones = jnp.ones((2, view.config.hidden_size))
+    np.testing.assert_array_equal(np.argmax(np.asarray(view.project(ones)), -1), [3, 3])
+    np.testing.assert_array_equal(view.greedy_draft(ones), [3, 3])
 
   def test_bad_ids(self):
     with self.assertRaisesRegex(ValueError, "outside"):

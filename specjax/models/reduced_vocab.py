@@ -46,6 +46,19 @@ class ReducedVocabTransformer(Transformer):
     return softcap(jnp.dot(x, self.kept_head[...], preferred_element_type=jnp.float32),
                    self.config.final_logit_softcapping)
 
+  def greedy_draft(self, x: jax.Array) -> jax.Array:
+    """int32[...]: ``greedy(project(x))`` for final-norm features ``x`` without the V-wide row
+    (``kept_argmax``). SmolLM2's 8192-id draft on XLA:CPU, a one-token step: 2.17 -> 1.96 ms
+    at batch 1, 4.07 -> 3.43 at batch 4; a look's 12-token pass at batch 8: 34.7 -> 19.8 ms."""
+    return kept_argmax(self.project_kept(x), self.kept_ids[...])
+
+
+def kept_argmax(logits: jax.Array, ids: jax.Array) -> jax.Array:
+  """int32[...]: the vocabulary id ``ids[argmax(logits)]`` of the largest of ``logits`` [..., K]
+  over the ascending ids ``ids`` int32[K]: the argmax of ``scatter_to_vocab(logits, ids, V)``,
+  ties to the lowest id as there, without building that row."""
+  return jnp.take(ids, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+
 
 def scatter_to_vocab(logits: jax.Array, ids: jax.Array, vocab_size: int) -> jax.Array:
   """float32[..., V]: ``logits`` [..., K] of the ascending vocabulary ids ``ids`` int32[K] at

@@ -31,12 +31,14 @@ Rules (``RULES``):
   text's estimates up). With choice 0 a draft-free proposer still makes its
   first guess (free) and the emitted token scores it (the deeper positions drift). A draft model
   is skipped (no draft step) and follows the text a span of plain tokens at a time (``look_span``:
-  ``LOOK_SPAN`` x the largest choice, the ``look``): fed the plain tokens, its guess after each is
-  scored against the token the target drew (the match at T = 0, ``min(1, q(x) / p(x))`` at T > 0,
-  whose mean over the target's draw is ``sum_x min(p, q)``), and the choice is made with that; the
-  deeper positions, which a look does not score, are capped at the first's new estimate. Its
-  estimates do not drift in plain iterations: a resumption rests on what the draft would have done
-  over the stretch, at one draft pass per span (the catch-up it would need anyway).
+  ``LOOK_SPAN`` x the largest choice, the ``look``; each look that leaves the rule plain doubles
+  the next span, up to ``LOOK_BACKOFF`` x, until it speculates again): fed the plain tokens, its guesses after the
+  last ``LOOK_SCORED`` of them are scored against the tokens the target drew (the match at T = 0,
+  ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is ``sum_x min(p, q)``), and
+  the choice is made with that; the deeper positions, which a look does not score, are capped at
+  the first's new estimate. Its estimates do not drift in plain iterations: a resumption rests on
+  what the draft would have done at the end of the stretch, at two draft passes per span (the
+  catch-up it would need anyway, and the scored tokens).
 * ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
   "heuristic"``): +2 drafts after an iteration in which every active row accepted all its
   drafts, else -1 (never below the smallest positive entry), starting at the largest entry.
@@ -67,6 +69,17 @@ RULES = options.ADAPTIVE_RULES
 # tokens where every 6 cost 0.3 (measured: looks every 6 were ~3% of plain decoding at T = 1),
 # for a resumption at most 12 tokens late.
 LOOK_SPAN = 2
+# A look scores the draft's guesses after the last LOOK_SCORED tokens of its span only; the
+# span's other tokens just catch the draft up, in a pass that needs no more than their keys and
+# values (XLA then leaves out the last layer's attention and MLP and the head): on XLA:CPU a
+# 12-token look of SmolLM2's draft at batch 8 took 21.5 ms scoring all 12, 15.3 scoring 4
+# (~4% and ~3% of the 12 plain steps it follows).
+LOOK_SCORED = 4
+# A look after which the rule still decodes plainly puts the next one twice as far off, up to
+# LOOK_BACKOFF x the first span, until the rule speculates again: where the draft does not pay,
+# 128 plain tokens take 3 looks, not 10 (SmolLM2's draft at batch 8: plain decoding with looks
+# 0.96x autoregressive before, 0.99x after), and a resumption comes at most 4 spans late.
+LOOK_BACKOFF = 4
 
 
 @flax.struct.dataclass
@@ -79,6 +92,7 @@ class AdaptiveState:
   gamma: jax.Array  # int32[] the schedule's current draft length
   last: jax.Array  # int32[] the previous iteration's menu index (-1 before the first)
   plain_run: jax.Array  # int32[] plain iterations since the draft last caught up (``look``)
+  look_every: jax.Array  # int32[] plain iterations between looks (``LOOK_BACKOFF``)
   drafts: jax.Array  # int32[B, G] the confidence rule's drafts of this iteration
   laws: jax.Array  # float32[B, G, V] their laws (confidence rule; [B, 0, 0] otherwise)
   # float32[B, L] at each text position the target's probability of its token when a plain
@@ -237,7 +251,9 @@ class AdaptiveProposer:
 
   @property
   def look_span(self) -> int:
-    """Plain tokens between looks, and the width of a look's draft pass (``LOOK_SPAN``)."""
+    """Plain tokens before the first look of a plain stretch (later ones come up to
+    ``LOOK_BACKOFF`` times as far apart), and the width of a look's draft passes
+    (``LOOK_SPAN``)."""
     return LOOK_SPAN * self.choices[-1]
 
   @property
@@ -270,7 +286,7 @@ class AdaptiveProposer:
         acceptance=jnp.full((batch, g), self.prior, jnp.float32),
         seen=jnp.zeros((batch, g), jnp.float32),
         shadow=jnp.full((batch,), -1, jnp.int32), gamma=jnp.int32(self.choices[-1]),
-        last=jnp.int32(-1), plain_run=jnp.int32(0),
+        last=jnp.int32(-1), plain_run=jnp.int32(0), look_every=jnp.int32(self.look_span),
         drafts=jnp.zeros((batch, g), jnp.int32), laws=jnp.zeros(laws, jnp.float32),
         plain_p=jnp.zeros(plain_p, jnp.float32))
 
@@ -281,18 +297,23 @@ class AdaptiveProposer:
     choices = jnp.asarray(self.choices, jnp.int32)
     if self.rule == "cost":
       hold = False  # plain decoding until the skipped draft's next look
-      if self.looks and self.choices[0] == 0:
+      looking = self.looks and self.choices[0] == 0
+      if looking:
         # A skipped draft follows the text ``look_span`` plain tokens at a time, scoring its
         # guesses at them (the look): the evidence the choice to resume rests on, at one draft
         # pass per span.
         plain = state.last == 0
-        ready = state.plain_run >= self.look_span
+        ready = state.plain_run >= state.look_every
         state = jax.lax.cond(plain & ready,
                              lambda s: self.look(params, s, pending, sampling, active),
                              lambda s: s, state)
         hold = plain & ~ready
       best = jnp.where(hold, 0,
                        self.best(state.acceptance, state.seen, active, state.last, remaining))
+      if looking:
+        backed_off = jnp.minimum(2 * state.look_every, LOOK_BACKOFF * self.look_span)
+        state = state.replace(look_every=jnp.where(
+            best > 0, self.look_span, jnp.where(plain & ready, backed_off, state.look_every)))
       return best, state.replace(last=best)
     if self.rule == "schedule":
       return jnp.sum(choices <= state.gamma).astype(jnp.int32) - 1, state
@@ -323,9 +344,10 @@ class AdaptiveProposer:
     return jnp.where(keep, last, top)
 
   def look(self, params, state: AdaptiveState, pending, sampling, active) -> AdaptiveState:
-    """The skipped draft caught up with the text (pending included) and its guess after each
-    token scored against the plain token that came: position 0's estimate gets one observation
-    per scored token (``observe_many``), and a scored row's deeper estimates are capped at it.
+    """The skipped draft caught up with the text and its guess after each of the last
+    ``LOOK_SCORED`` tokens scored against the plain token that came (pending included): position
+    0's estimate gets one observation per scored token (``observe_many``), and a scored row's
+    deeper estimates are capped at it.
     The observation is the acceptance that guess would have had, in expectation over the
     target's draw: at T = 0 the match; at T > 0 ``min(1, q(x) / p(x))`` for the token x the
     target drew from p, whose mean is ``sum_x min(p, q)``, the acceptance of a draft drawn from
@@ -333,12 +355,12 @@ class AdaptiveProposer:
     text = state.text.with_pending(pending)
     rows = jnp.arange(pending.shape[0])[:, None]
 
-    def score(logits, cols, fed):
+    def score(logits, guesses, cols, fed):
       nxt = jnp.minimum(cols + 1, text.tokens.shape[1] - 1)
       token = jnp.maximum(text.tokens[rows, nxt], 0)
       p = state.plain_p[rows, nxt]
       if sampling.is_greedy:  # the draft's greedy guess, as ``draft_chain.draw`` makes it
-        value = (sampling_lib.greedy(logits) == token).astype(jnp.float32)
+        value = (guesses == token).astype(jnp.float32)
       else:
         q = jnp.take_along_axis(sampling_lib.probabilities(logits, sampling), token[..., None],
                                 axis=-1)[..., 0]
@@ -347,8 +369,12 @@ class AdaptiveProposer:
       return (jnp.sum(jnp.where(scored, value, 0.0), axis=1),
               jnp.sum(scored, axis=1, dtype=jnp.float32))
 
-    inner, (total, count) = self.largest.sync(params, state.inner, text.tokens, text.lengths,
-                                              self.look_span, score)
+    inner, scored = state.inner, min(LOOK_SCORED, self.look_span)
+    if self.look_span > scored:  # the span's first tokens, not scored
+      inner = self.largest.sync(params, inner, text.tokens, text.lengths - scored,
+                                self.look_span - scored)
+    inner, (total, count) = self.largest.sync(params, inner, text.tokens, text.lengths, scored,
+                                              score, sampling.is_greedy)
     first, seen = observe_many(state.acceptance[:, 0], state.seen[:, 0], count,
                                total / jnp.maximum(count, 1.0), self.decay)
     # The look scores first guesses only; a deeper position is taken to accept no more than the

@@ -20,7 +20,7 @@ from flax import nnx
 
 from specjax import sampling as sampling_lib
 from specjax.models.kv_cache import KVCache, init_cache
-from specjax.models.transformer import Transformer
+from specjax.models.transformer import NORMED, Transformer, select_tokens
 from specjax.proposers.base import CHAIN, Candidates
 
 
@@ -41,16 +41,37 @@ def prefill(draft: Transformer, cache: KVCache, prompt: jax.Array,
                          last_draft=jnp.zeros((batch,), jnp.int32))
 
 
-def draw(keys: jax.Array, logits: jax.Array, sampling: sampling_lib.Sampling):
-  """One token per row, plus the (warped) proposal distribution it was drawn from."""
+def draw(keys: jax.Array, logits: jax.Array, sampling: sampling_lib.Sampling,
+         guess: jax.Array | None = None):
+  """One token per row, plus the (warped) proposal distribution it was drawn from. Greedy:
+  ``guess`` (``run``'s, the same token) where given, so that XLA drops the V-wide logits."""
   if sampling.is_greedy:
-    return sampling_lib.greedy(logits), None
+    return (sampling_lib.greedy(logits) if guess is None else guess), None
   q = sampling_lib.probabilities(logits, sampling)
   return jax.vmap(sampling_lib.sample_from_probs)(keys, q), q
 
 
-def first_step(draft: Transformer, state: DraftChainState, pending: jax.Array):
-  """(float32[B, V] the draft's logits after ``pending``, its cache holding ``pending``)."""
+def run(draft: Transformer, tokens: jax.Array, cache: KVCache, tree_mask=None, depths=None,
+        logits_at: int | None = None, greedy: bool = False):
+  """The draft's pass over ``tokens`` int32[B, T]: (float32[B, K, V] logits at ``logits_at``
+  (all T tokens when None), int32[B, K] their greedy guesses or None, the cache). The guesses
+  come when ``greedy`` and the draft has ``greedy_draft`` (a reduced-vocabulary draft: the argmax
+  over its kept ids, ``reduced_vocab.kept_argmax``); a caller reading only them leaves the
+  V-wide rows unused, and XLA does not build them."""
+  reader = getattr(draft, "greedy_draft", None) if greedy else None
+  if reader is None:
+    logits, cache = draft(tokens, cache, tree_mask, depths, logits_at=logits_at)
+    return logits, None, cache
+  logits, cache, normed = draft(tokens, cache, tree_mask, depths, logits_at=logits_at,
+                                features=(NORMED,))
+  normed = normed[:, :, 0] if logits_at is None else select_tokens(normed[:, :, 0], logits_at)
+  return logits, reader(normed), cache
+
+
+def first_step(draft: Transformer, state: DraftChainState, pending: jax.Array,
+               greedy: bool = False):
+  """(float32[B, V] the draft's logits after ``pending``, int32[B] its greedy guess (``run``) or
+  None, its cache holding ``pending``)."""
   behind = state.behind
   first = jnp.stack([jnp.where(behind, state.last_draft, pending), pending], axis=1)
   # A row behind feeds the chain [x_gamma, pending]; any other row feeds pending twice, both at
@@ -59,8 +80,13 @@ def first_step(draft: Transformer, state: DraftChainState, pending: jax.Array):
   ones, zeros = jnp.ones_like(behind), jnp.zeros_like(behind)
   tree_mask = jnp.stack([ones, zeros, behind, ones], axis=1).reshape(-1, 2, 2)  # [[1,0],[behind,1]]
   depths = jnp.stack([zeros, behind], axis=1).astype(jnp.int32)
-  logits, cache = draft(first, state.cache, tree_mask, depths, logits_at=1)
-  return logits[:, 0], cache.with_lengths(cache.lengths + 1 + behind)
+  logits, guess, cache = run(draft, first, state.cache, tree_mask, depths, 1, greedy)
+  return logits[:, 0], column0(guess), cache.with_lengths(cache.lengths + 1 + behind)
+
+
+def column0(guess: jax.Array | None) -> jax.Array | None:
+  """``guess[:, 0]`` (int32[B, 1] -> int32[B]), None passed through."""
+  return None if guess is None else guess[:, 0]
 
 
 def propose(draft: Transformer, state: DraftChainState, pending: jax.Array, keys: jax.Array,
@@ -73,14 +99,15 @@ def propose(draft: Transformer, state: DraftChainState, pending: jax.Array, keys
     (int32[B, gamma] tokens, float32[B, gamma, V] proposal distributions or None when greedy,
      the draft state after the proposal; ``commit`` must follow).
   """
-  logits, cache = first_step(draft, state, pending)
-  token, q = draw(keys[:, 0], logits, sampling)
+  greedy = sampling.is_greedy
+  logits, guess, cache = first_step(draft, state, pending, greedy)
+  token, q = draw(keys[:, 0], logits, sampling, guess)
 
   def step(carry, key):
     cache, token = carry
-    logits, cache = draft(token[:, None], cache)
+    logits, guess, cache = run(draft, token[:, None], cache, greedy=greedy)
     cache = cache.with_lengths(cache.lengths + 1)
-    token, q = draw(key, logits[:, 0], sampling)
+    token, q = draw(key, logits[:, 0], sampling, column0(guess))
     return (cache, token), (token, q)
 
   (cache, _), tokens, q = draw_rest(step, (cache, token), token, q, keys)
@@ -99,7 +126,7 @@ def propose_confident(draft: Transformer, state: DraftChainState, pending: jax.A
   their laws (zeros past count, and all zeros when greedy), the draft state as ``propose(...,
   gamma=count)`` leaves it)."""
   batch, room = keys.shape[:2]
-  logits, cache = first_step(draft, state, pending)
+  logits, _, cache = first_step(draft, state, pending)
   vocab = logits.shape[-1]
   tokens = jnp.zeros((batch, room), jnp.int32)
   laws = jnp.zeros((batch, room, vocab), jnp.float32)
@@ -132,15 +159,16 @@ def propose_confident(draft: Transformer, state: DraftChainState, pending: jax.A
 
 
 def sync(draft: Transformer, state: DraftChainState, text: jax.Array, lengths: jax.Array,
-         width: int, score=None):
+         width: int, score=None, greedy: bool = False):
   """Feeds the draft the committed text it has not seen (``text[b, :lengths[b]]`` is the row's
   text, the target cache's contents): after iterations that skipped the draft (an adaptive
   method's plain-decoding choice) the draft is behind by several tokens; ``width`` of them per
   draft pass, as many passes as the furthest-behind row needs (none when no row is). A row whose
   only missing token is its ``last_draft`` (``behind``) is left to ``propose``.
 
-  ``score`` (optional): ``score(logits float32[B, width, V], cols int32[B, width], fed
-  bool[B, width]) -> (float32[B], float32[B])``, called on each pass with the draft's logits at
+  ``score`` (optional): ``score(logits float32[B, width, V], guesses int32[B, width], cols
+  int32[B, width], fed bool[B, width]) -> (float32[B], float32[B])``, called on each pass with
+  the draft's logits and greedy guesses (``run``'s when ``greedy``, else the logits' argmax) at
   the text columns ``cols`` it fed (``fed``: real text of a row that was behind) and summed over
   the passes: what the draft would have guessed after each of those tokens, for an adaptive
   method to score against the tokens that came (``specjax.proposers.adaptive``). Returns the
@@ -156,11 +184,13 @@ def sync(draft: Transformer, state: DraftChainState, text: jax.Array, lengths: j
     at = start[:, None] + jnp.arange(width)[None, :]
     cols = jnp.minimum(at, text.shape[1] - 1)
     chunk = jnp.maximum(jnp.take_along_axis(text, cols, axis=1), 0)
-    logits, cache = draft(chunk, state.cache)  # slots past a row's text are scratch
+    # Slots past a row's text are scratch.
+    logits, guesses, cache = run(draft, chunk, state.cache, greedy=greedy)
     lag = lagging(state)
     if score is not None:
       fed = lag[:, None] & (at < lengths[:, None])
-      sums = jax.tree.map(jnp.add, sums, score(logits, cols, fed))
+      guesses = sampling_lib.greedy(logits) if guesses is None else guesses
+      sums = jax.tree.map(jnp.add, sums, score(logits, guesses, cols, fed))
     new = jnp.where(lag, jnp.minimum(start + width, lengths), start)
     return state.replace(cache=cache.with_lengths(new), behind=state.behind & ~lag), sums
 
@@ -241,9 +271,9 @@ class DraftChain(GammaChain):
     return commit(state, candidates.tokens, outcome.target_length, outcome.num_accepted,
                   outcome.active)
 
-  def sync(self, params, state, text, lengths, width: int, score=None):
+  def sync(self, params, state, text, lengths, width: int, score=None, greedy: bool = False):
     """Catches the draft up with the committed text (``sync``), for an adaptive method."""
-    return sync(nnx.merge(self.graphdef, params), state, text, lengths, width, score)
+    return sync(nnx.merge(self.graphdef, params), state, text, lengths, width, score, greedy)
 
   def propose_confident(self, params, state, pending, keys, sampling, threshold, active):
     """``propose_confident`` with room for ``keys.shape[1]`` drafts."""
