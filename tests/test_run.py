@@ -483,6 +483,23 @@ class CostSplitTest(absltest.TestCase):
       cost_split.split_costs(target, draft, prompts, gammas=["1"], lengths=["8"], repeats=1)
 
 
+class AdaptiveUpkeepTest(absltest.TestCase):
+  """experiments/adaptive_upkeep.py on tiny random models: every setting timed, none drafting."""
+
+  def test_upkeep(self):
+    from experiments import adaptive_upkeep, random_models
+    from specjax.proposers import adaptive
+
+    target, draft = random_models.random_pair(seed=0)
+    prompts = [list(b"def f(x):"), list(b"import os")]
+    before = (adaptive.LOOK_SPAN, adaptive.LOOK_SCORED, adaptive.LOOK_BACKOFF)
+    medians = adaptive_upkeep.upkeep(target, draft, prompts, max_new_tokens=40, rounds=1)
+    self.assertEqual(list(medians), ["autoregressive", "looks", "looks scoring every token, "
+                                     "every 12", "no looks"])
+    self.assertTrue(all(wall > 0 and cpu > 0 for wall, cpu in medians.values()))
+    self.assertEqual((adaptive.LOOK_SPAN, adaptive.LOOK_SCORED, adaptive.LOOK_BACKOFF), before)
+
+
 class SearchSkipTest(absltest.TestCase):
   """experiments/search_skip.py on the tiny random target, then the runner on the config it wrote."""
 

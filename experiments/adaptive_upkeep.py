@@ -1,0 +1,124 @@
+r"""What a skipped draft's upkeep costs ``sj.Adaptive`` where plain decoding is the right choice
+throughout: the menu 0, 1, 2, 3, 4, 6 under a cost table in which no draft pays, so that the cost
+rule decodes plainly in every iteration and its draft only follows the text, timed against
+autoregressive decoding, interleaved (the floor of issue 30: >= 0.97x autoregressive decoding).
+
+    python -m experiments.adaptive_upkeep --target=smollm2-135m --draft=smollm2-draft \
+        --prompts=code-edit --batch_size=8 --prompt_tokens=192 --max_new_tokens=128 \
+        --chat_template [--temperature=1]
+
+Settings: ``looks`` (the code as it is: a look after 2k plain tokens, k the largest choice,
+scoring the last ``LOOK_SCORED`` of them, each look that leaves the rule plain doubling the span
+up to ``LOOK_BACKOFF`` x), ``looks scoring every token, every 2k`` (the same loop with
+``LOOK_SCORED`` = 2k and ``LOOK_BACKOFF`` = 1: the looks of sessions 24-31), ``no looks`` (the
+span past the run's end: the draft's prefill and the rule's bookkeeping only). Each setting's
+median time over ``--rounds`` interleaved calls, as a speed relative to autoregressive
+decoding's (wall clock and process CPU time; the CPU time is less disturbed by a busy neighbour).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+
+import numpy as np
+from absl import app, flags
+
+from experiments import cost_split  # noqa: F401  (the shared flags: target, draft, prompts, ...)
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """This tool's own flags, defined when it runs as a script only (so that importing ``upkeep``
+  beside another tool defining ``max_new_tokens`` does not clash)."""
+  flags.DEFINE_integer("max_new_tokens", 128, "new tokens per row")
+  flags.DEFINE_integer("rounds", 8, "interleaved timed calls per setting")
+  flags.DEFINE_bool("chat_template", True, "wrap the prompts in the tokenizer's chat template")
+
+MENU = (0, 1, 2, 3, 4, 6)
+
+
+@contextlib.contextmanager
+def look_constants(**values):
+  """``specjax.proposers.adaptive``'s look constants set to ``values`` while tracing."""
+  from specjax.proposers import adaptive
+  old = {name: getattr(adaptive, name) for name in values}
+  for name, value in values.items():
+    setattr(adaptive, name, value)
+  try:
+    yield
+  finally:
+    for name, value in old.items():
+      setattr(adaptive, name, value)
+
+
+def upkeep(target, draft, prompts, max_new_tokens: int, temperature: float = 0.0,
+           rounds: int = 8) -> dict[str, tuple[float, float]]:
+  """{setting: (median wall-clock s, median CPU s)} over ``rounds`` interleaved calls of each
+  setting on ``prompts`` (one batch), every row decoding ``max_new_tokens`` (no EOS: equal
+  work). Raises if an adaptive setting ever drafted."""
+  import jax
+
+  import specjax as sj
+
+  widths = range(1, MENU[-1] + 2)
+  sampling = sj.Sampling(temperature)
+  hopeless = sj.CostTable(verify={w: 1.0 if w == 1 else 50.0 for w in widths}, draft_step=10.0,
+                          batch=len(prompts), context=256, target_step_ms=1.0,
+                          device="by hand: no draft pays", sampling=sampling)
+  plain = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=hopeless)
+  span = 2 * MENU[-1]
+  # Distinct (equal-behaving: no estimate can make a draft pay) methods, so that no setting
+  # reuses another's compiled loop; the constants are read while tracing.
+  settings = {
+      "autoregressive": (sj.Autoregressive(), {}),
+      "looks": (plain, {}),
+      f"looks scoring every token, every {span}": (
+          dataclasses.replace(plain, decay=0.11), dict(LOOK_SCORED=span, LOOK_BACKOFF=1)),
+      # the first span past the run's end (its passes are compiled, never run)
+      "no looks": (dataclasses.replace(plain, decay=0.12),
+                   dict(LOOK_SPAN=max_new_tokens // MENU[-1] + 1)),
+  }
+
+  def timed(method, constants):
+    with look_constants(**constants):
+      wall, cpu = time.perf_counter(), time.process_time()
+      out = sj.generate(target, prompts, method, sampling, max_new_tokens=max_new_tokens,
+                        key=jax.random.key(0))
+      jax.block_until_ready(out.tokens)
+      return time.perf_counter() - wall, time.process_time() - cpu, out.stats
+
+  for method, constants in settings.values():
+    timed(method, constants)  # compile
+  times = {name: [] for name in settings}
+  for _ in range(rounds):
+    for name, (method, constants) in settings.items():
+      wall, cpu, stats = timed(method, constants)
+      times[name].append((wall, cpu))
+      if name != "autoregressive" and int(np.asarray(stats.choice_counts)[1:].sum()):
+        raise RuntimeError(f"{name}: the rule drafted under a table where no draft pays")
+  return {name: tuple(float(x) for x in np.median(np.asarray(t), axis=0))
+          for name, t in times.items()}
+
+
+def main(argv):
+  del argv
+  from experiments import models
+
+  target, draft, prompts, _ = models.load_pair(
+      FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens, (1,),
+      FLAGS.temperature, FLAGS.max_new_tokens, chat_template=FLAGS.chat_template)
+  medians = upkeep(target, draft, prompts, FLAGS.max_new_tokens, FLAGS.temperature, FLAGS.rounds)
+  base = medians["autoregressive"]
+  print(f"batch {len(prompts)}, prompts {FLAGS.prompts}, {FLAGS.max_new_tokens} tokens a row, "
+        f"T = {FLAGS.temperature:g}, {FLAGS.rounds} rounds")
+  print(f"{'setting':40s} {'median s':>9s} {'vs AR (wall)':>13s} {'vs AR (CPU)':>12s}")
+  for name, (wall, cpu) in medians.items():
+    print(f"{name:40s} {wall:9.3f} {base[0] / wall:13.3f} {base[1] / cpu:12.3f}")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
