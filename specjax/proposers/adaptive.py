@@ -32,13 +32,13 @@ Rules (``RULES``):
   first guess (free) and the emitted token scores it (the deeper positions drift). A draft model
   is skipped (no draft step) and follows the text a span of plain tokens at a time (``look_span``:
   ``LOOK_SPAN`` x the largest choice, the ``look``; each look that leaves the rule plain doubles
-  the next span, up to ``LOOK_BACKOFF`` x, until it speculates again): fed the plain tokens, its guesses after the
-  last ``LOOK_SCORED`` of them are scored against the tokens the target drew (the match at T = 0,
-  ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is ``sum_x min(p, q)``), and
-  the choice is made with that; the deeper positions, which a look does not score, are capped at
-  the first's new estimate. Its estimates do not drift in plain iterations: a resumption rests on
-  what the draft would have done at the end of the stretch, at two draft passes per span (the
-  catch-up it would need anyway, and the scored tokens).
+  the next span, up to ``LOOK_BACKOFF`` x, until it speculates again): fed the plain tokens, its
+  guesses after the last ``LOOK_SCORED`` of them are scored against the tokens the target drew
+  (the match at T = 0, ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is
+  ``sum_x min(p, q)``), and the choice is made with that; the deeper positions, which a look does
+  not score, are capped at the first's new estimate. Its estimates do not drift in plain
+  iterations: a resumption rests on what the draft would have done at the end of the stretch,
+  at two draft passes per span (the catch-up it would need anyway, and the scored tokens).
 * ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
   "heuristic"``): +2 drafts after an iteration in which every active row accepted all its
   drafts, else -1 (never below the smallest positive entry), starting at the largest entry.
@@ -72,13 +72,14 @@ LOOK_SPAN = 2
 # A look scores the draft's guesses after the last LOOK_SCORED tokens of its span only; the
 # span's other tokens just catch the draft up, in a pass that needs no more than their keys and
 # values (XLA then leaves out the last layer's attention and MLP and the head): on XLA:CPU a
-# 12-token look of SmolLM2's draft at batch 8 took 21.5 ms scoring all 12, 15.3 scoring 4
-# (~4% and ~3% of the 12 plain steps it follows).
+# 12-token look of SmolLM2's draft at batch 8 took 19.3 ms scoring all 12, 13.3 scoring 4
+# (~3.5% and ~2.5% of the 12 plain steps it follows).
 LOOK_SCORED = 4
 # A look after which the rule still decodes plainly puts the next one twice as far off, up to
 # LOOK_BACKOFF x the first span, until the rule speculates again: where the draft does not pay,
-# 128 plain tokens take 3 looks, not 10 (SmolLM2's draft at batch 8: plain decoding with looks
-# 0.96x autoregressive before, 0.99x after), and a resumption comes at most 4 spans late.
+# 128 plain tokens take 3 looks, not 10 (SmolLM2's draft at batch 8, forced plain decoding with
+# both changes: 0.974 -> 0.985x autoregressive at T = 0, 0.948 -> 0.974x at T = 1;
+# experiments/adaptive_upkeep.py), and a resumption comes at most 4 spans late.
 LOOK_BACKOFF = 4
 
 
@@ -299,9 +300,8 @@ class AdaptiveProposer:
       hold = False  # plain decoding until the skipped draft's next look
       looking = self.looks and self.choices[0] == 0
       if looking:
-        # A skipped draft follows the text ``look_span`` plain tokens at a time, scoring its
-        # guesses at them (the look): the evidence the choice to resume rests on, at one draft
-        # pass per span.
+        # A skipped draft follows the text a span at a time, scoring its guesses at the last
+        # tokens (the look): the evidence the choice to resume rests on, two passes per span.
         plain = state.last == 0
         ready = state.plain_run >= state.look_every
         state = jax.lax.cond(plain & ready,
