@@ -17,10 +17,11 @@ Figure of merit. Greedy decoding makes every setting's tokens, iterations and ch
 function of the models, the prompts and the table, so the comparison is free of timing noise:
 modelled throughput = tokens / sum over iterations of the iteration's cost in target steps (a
 fixed gamma: ``chain_cost(gamma)`` per iteration; the adaptive rule: ``sum_k counts_k
-chain_cost(k)`` over its choice histogram), relative to autoregressive decoding (1 token per
-target step); a skipped draft's catch-up passes are left out of it. Wall clock of one timed
-call per setting is printed beside it (the setting's time over autoregressive decoding's: noisy
-on a shared CPU; the runner's ``configs/adaptive.py`` times them with repeats).
+chain_cost(k)`` over its choice histogram), relative to autoregressive decoding's (its tokens
+per target step: the rows still decoding); a skipped draft's catch-up passes are left out of
+it. Wall clock of one timed call per setting is printed beside it (the setting's time over
+autoregressive decoding's: noisy on a shared CPU; the runner's ``configs/adaptive.py`` times
+them with repeats).
 """
 
 from __future__ import annotations
@@ -127,10 +128,12 @@ def main(argv):
     print(f"{name:44s} {out.tokens_per_call:8.3f} {model:8.3f} "
           f"{seconds / ar_s:7.3f}  {counts}", flush=True)
 
+  ar_rate = ar_out.tokens / ar_out.calls  # tokens per target step (the batch's rows)
   show("autoregressive", ar_out, ar_s, 1.0)
   for g in gammas:
     out, s = run_one(target, batches, sj.Speculative(draft, gamma=g), FLAGS.max_new_tokens, eos)
-    show(f"speculative gamma {g}", out, s, out.tokens / (out.calls * table.chain_cost(g)))
+    show(f"speculative gamma {g}", out, s,
+         out.tokens / (out.calls * table.chain_cost(g)) / ar_rate)
   default = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=choices, costs=table)
   settings = [dict(decay=float(d), prior=float(p)) for d, p in
               itertools.product(FLAGS.decays, FLAGS.priors)]
@@ -142,7 +145,7 @@ def main(argv):
     method = dataclasses.replace(default, choices=menu, **kwargs)
     out, s = run_one(target, batches, method, FLAGS.max_new_tokens, eos)
     name = "adaptive " + " ".join(f"{k}={v}" for k, v in kwargs.items())
-    show(name, out, s, modelled(out, table, method.choices))
+    show(name, out, s, modelled(out, table, method.choices) / ar_rate)
   best_fixed = max(v for k, v in rows.items() if k.startswith("speculative"))
   defaults = rows.get(f"adaptive decay={default.decay} prior={default.prior}")
   print(f"best fixed gamma (modelled): {best_fixed:.3f}; adaptive defaults: "

@@ -10,7 +10,8 @@ import statistics
 
 import numpy as np
 
-from experiments.methods import ADAPTIVE, CHAIN, HEAD, METHODS, PASS, SELF, TREE, tree_of
+from experiments.methods import (ADAPTIVE, CHAIN, HEAD, METHODS, PASS, SELF, TREE, TREE_BASES,
+                                 tree_of)
 from experiments.runconfig import setting_key, setting_label
 from specjax import costs, metrics
 
@@ -27,7 +28,7 @@ def _entry(rec: dict) -> dict:
   tps = [n / t for n, t in zip(rec["tokens"], rec["times"])]
   entry = {k: rec[k] for k in ("method", "gamma", "tree", "temperature", "top_k", "top_p",
                                "mesh", "memory")}
-  entry.update({k: rec[k] for k in ("rule", "base", "choices", "cost_table", "verify")
+  entry.update({k: rec[k] for k in ("rule", "base", "choices", "passes", "cost_table", "verify")
                 if k in rec})
   # The greedy/sampled outputs of the first timed repeat, to compare runs (e.g. one process
   # against several) without storing every token.
@@ -130,7 +131,8 @@ def _adaptive_model(e: dict, base: dict | None) -> None:
   if not counts or not table or not e.get("calls"):
     return
   try:
-    cost = costs.CostTable.from_dict(table).menu_cost(e["choices"], counts)
+    trees = e["passes"] if e.get("base") in TREE_BASES else None  # a tree menu: its passes
+    cost = costs.CostTable.from_dict(table).menu_cost(e["choices"], counts, trees)
   except ValueError:  # a pass the table lacks (a choice never measured): no model
     return
   e["iteration_cost"] = cost / max(sum(counts), 1)

@@ -201,7 +201,9 @@ def _hf_assisted(config, s: dict, models: dict) -> dict:
 # Method "adaptive" (``sj.Adaptive``): one setting per rule of ``adaptive_rules`` over the menu
 # ``adaptive_choices`` of draft lengths of the base method ``adaptive_method``.
 ADAPTIVE_SWEEP = "adaptive_rules"
-ADAPTIVE_BASES = ("speculative", "self_speculative", "prompt_lookup", "jacobi")
+ADAPTIVE_BASES = ("speculative", "self_speculative", "prompt_lookup", "jacobi", "retrieval",
+                  "suffix")
+TREE_BASES = ("retrieval", "suffix")  # tree methods: an entry k is their tree cut to depth k
 ADAPTIVE_RULES = options.ADAPTIVE_RULES
 DRAFT_MODEL_BASES = ("speculative", "self_speculative")  # the confidence rule's: a draft's law
 
@@ -212,6 +214,16 @@ def adaptive_menu(choices, rule: str) -> tuple[int, ...]:
   that; plain decoding, 0, is never its pick)."""
   choices = tuple(int(k) for k in choices)
   return tuple(range(1, max(choices) + 1)) if rule == "confidence" else choices
+
+
+def adaptive_passes(config, base: str, menu) -> tuple[int, ...]:
+  """Each menu entry's candidate tokens (its pass is over them and the pending token): k for a
+  chain method's k drafts, a tree method's nodes at depth k (``options.depth_budget``, as
+  ``sj.Retrieval.at_depth`` cuts it)."""
+  if base not in TREE_BASES:
+    return tuple(int(k) for k in menu)
+  return tuple(options.depth_budget(int(k), int(config.retrieval_nodes),
+                                    int(config.retrieval_branches)) if k else 0 for k in menu)
 
 
 def adaptive_table(cost: dict, base: str, temperature: float = 0.0) -> dict | None:
@@ -317,7 +329,7 @@ _M = [
            cost_model=PASS),
     Method("adaptive", _adaptive, "a draft length per iteration from a menu, 0 = plain decoding "
            "(sj.Adaptive over adaptive_method; one setting per adaptive_rules rule)",
-           sweep=ADAPTIVE_SWEEP, pass_tokens=lambda c, s: max(int(k) for k in c.adaptive_choices),
+           sweep=ADAPTIVE_SWEEP, pass_tokens=lambda c, s: max(s["passes"]),
            cost_model=ADAPTIVE, wraps="adaptive_method"),
     Method("eagle", lambda c, s, m: head_method(s, m["eagle_head"]),
            "EAGLE-1/2 head on the target's final features (chains; head_trees: static and "

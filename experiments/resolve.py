@@ -187,7 +187,7 @@ def resolve_checkpoints(config, verbose: bool = True) -> dict[str, ModelSpec]:
     raise ConfigError(f"vocabulary mismatch: target {specs['target'].spec} has vocab_size "
                       f"{specs['target'].vocab_size}, draft {specs['draft'].spec} has "
                       f"{specs['draft'].vocab_size}; target and draft must share one tokenizer")
-  if uses_retrieval(config.methods):
+  if uses_retrieval(config):
     resolve_datastore(config, specs["target"], verbose)
   resolve_heads(config, specs["target"], verbose)
   hf = specs["target"].hf_config

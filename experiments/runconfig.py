@@ -23,7 +23,8 @@ from experiments.errors import ConfigError
 from experiments.methods import METHODS as METHODS_TABLE
 from experiments.methods import (ADAPTIVE_BASES, ADAPTIVE_RULES, ADAPTIVE_SWEEP,
                                  DRAFT_MODEL_BASES, HEAD_SWEEP, NO_DATASTORE, adaptive_menu,
-                                 parse_head_tree_spec, parse_lookahead_spec, parse_tree_spec)
+                                 adaptive_passes, parse_head_tree_spec, parse_lookahead_spec,
+                                 parse_tree_spec)
 from specjax import options
 
 # The methods a config may list, and everything about them: experiments/methods.py.
@@ -44,9 +45,17 @@ SMOLLM2_HEADS = {"eagle_head": "smollm2-eagle", "eagle3_head": "smollm2-eagle3",
 DRAFT_VOCABS = ("auto", "full")
 
 
-def uses_retrieval(methods) -> bool:
-  """Whether ``methods`` lists a datastore method (REST, SuffixDecoding)."""
-  return any(METHODS_TABLE[m].datastore for m in methods)
+def retrieval_methods(config) -> list[str]:
+  """The run's datastore methods (REST, SuffixDecoding), the adaptive method's base among them."""
+  names = [m for m in config.methods if METHODS_TABLE[m].datastore]
+  if "adaptive" in config.methods and METHODS_TABLE[config.adaptive_method].datastore:
+    names.append(config.adaptive_method)
+  return names
+
+
+def uses_retrieval(config) -> bool:
+  """Whether the run builds an ``sj.Retrieval`` (``retrieval_methods``)."""
+  return bool(retrieval_methods(config))
 
 
 def pass_room(config) -> int:
@@ -73,6 +82,7 @@ def setting(config, method: str, value, temperature: float = 0.0, mesh: str = ""
   if sweep == ADAPTIVE_SWEEP:  # gamma: the largest choice (the cache room, what reports read)
     menu = adaptive_menu(config.adaptive_choices, value)
     return dict(method=method, gamma=menu[-1], tree=None, rule=value, choices=menu,
+                passes=adaptive_passes(config, config.adaptive_method, menu),
                 base=config.adaptive_method, temperature=float(temperature),
                 top_k=int(config.top_k), top_p=float(config.top_p), mesh=mesh)
   gamma_sweep = sweep == "gammas" or (sweep == HEAD_SWEEP and not isinstance(value, str))
@@ -126,10 +136,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.skip = ()  # the layers self_speculative's draft leaves out (experiments/search_skip.py)
   # Method "adaptive" (sj.Adaptive): a draft length per iteration from the menu adaptive_choices
   # (0 = plain decoding) over adaptive_method (speculative, self_speculative, prompt_lookup,
-  # jacobi), one setting per rule of adaptive_rules: "cost" (the run's measured cost table),
-  # "schedule" (HF's +2/-1), "confidence" (the draft stops below adaptive_threshold; draft-model
-  # bases only; its menu is every length 1..the largest choice). decay / prior / forget: the
-  # acceptance estimates' (cost rule); margin: its hysteresis.
+  # jacobi; or retrieval / suffix, whose entry k is their tree cut to depth k: retrieval_branches
+  # nodes a level within retrieval_nodes), one setting per rule of adaptive_rules: "cost" (the
+  # run's measured cost table), "schedule" (HF's +2/-1), "confidence" (the draft stops below
+  # adaptive_threshold; draft-model bases only; its menu is every length 1..the largest choice).
+  # decay / prior / forget: the acceptance estimates' (cost rule); margin: its hysteresis.
   c.adaptive_method = "speculative"
   c.adaptive_choices = (0, 1, 2, 3, 4, 6)
   c.adaptive_rules = ADAPTIVE_RULES
@@ -342,15 +353,18 @@ def validate(config) -> None:
   _check_int(config, "max_ngram", 1)
   if "adaptive" in methods:
     _check_adaptive(config)
-  if uses_retrieval(methods):
+  if uses_retrieval(config):
     for name in ("retrieval_branches", "max_suffix", "datastore_bytes"):
       _check_int(config, name, 1)
-    _check_int(config, "retrieval_nodes", max(config.gammas))
+    swept = any(t.datastore for t in table.values())  # over gammas, each a tree's depth
+    menu = tuple(config.adaptive_choices) if config.adaptive_method in retrieval_methods(
+        config) else ()  # an adaptive menu of tree depths
+    _check_int(config, "retrieval_nodes", max((*(config.gammas if swept else ()), *menu)))
     factor = config.max_spec_factor
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor < 1e9:
       raise ConfigError(f"max_spec_factor must be a number >= 0 (0 = no cap), got {factor!r}")
     if config.datastore == NO_DATASTORE:
-      for m in (m for m, t in table.items() if t.datastore == "required"):
+      for m in (m for m in retrieval_methods(config) if METHODS_TABLE[m].datastore == "required"):
         raise ConfigError(f"method {m!r} needs a datastore; datastore={NO_DATASTORE!r} only "
                           f"serves method 'suffix' (the rows' own text)")
     elif config.datastore:

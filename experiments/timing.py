@@ -44,7 +44,7 @@ def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths
               if METHODS[s["method"]].cost_model in kinds}
     for s in settings:  # an adaptive menu over a draft-free base: a pass per positive choice
       if s.get("rule") and METHODS[s["base"]].cost_model in kinds:
-        widths.update(s["choices"])
+        widths.update(s["passes"])
     return sorted(widths - {0})
 
   cost: dict = {}
@@ -117,12 +117,13 @@ def sampled_tables(config, models: dict, settings: list[dict], prompt_lengths: l
   for t in sorted({s["temperature"] for s in chosen}):
     sampling = Sampling(temperature=t, top_k=int(config.top_k), top_p=float(config.top_p))
     for base in sorted({s["base"] for s in chosen if s["temperature"] == t}):
-      menu = sorted({k for s in chosen if s["temperature"] == t and s["base"] == base
-                     for k in s["choices"] if k > 0})
+      ours = [s for s in chosen if s["temperature"] == t and s["base"] == base]
+      menu = sorted({k for s in ours for k in s["choices"] if k > 0})
       context, cache_len = _context(config, prompt_lengths, menu)
       kind = METHODS[base].cost_model
-      if kind == PASS:  # one target pass over 1 + k tokens per iteration
-        pair, widths, gammas = {"target": models["target"]}, (1, *(k + 1 for k in menu)), ()
+      if kind == PASS:  # one target pass over the pending token and k candidates (a tree's nodes)
+        passes = sorted({p for s in ours for p in s["passes"] if p > 0})
+        pair, widths, gammas = {"target": models["target"]}, (1, *(p + 1 for p in passes)), ()
       else:
         draft = (models["draft"] if kind == CHAIN
                  else skip_layers(models["target"], tuple(config.skip)))

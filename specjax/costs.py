@@ -127,11 +127,18 @@ class CostTable:
       return self.iteration[gamma]
     return gamma * self.draft_step + self.pass_cost(gamma + 1)
 
-  def menu_cost(self, choices, counts) -> float:
+  def menu_cost(self, choices, counts, tree_nodes=None) -> float:
     """What iterations cost in target steps when ``counts[i]`` of them drafted ``choices[i]``
     tokens (an ``sj.Adaptive`` run's ``DecodeStats.choice_counts``): ``sum_i counts_i
-    chain_cost(choices_i)``; a length never chosen needs no pass in the table."""
-    return sum(int(n) * self.chain_cost(int(k)) for k, n in zip(choices, counts) if n)
+    chain_cost(choices_i)``, or for a draft-free tree menu (``tree_nodes[i]``: entry i's nodes)
+    its passes, ``v(tree_nodes_i + 1)``; a length never chosen needs no pass in the table."""
+    def entry(i: int) -> float:
+      k = int(choices[i])
+      if tree_nodes is None or k == 0:
+        return self.chain_cost(k)
+      return self.pass_cost(int(tree_nodes[i]) + 1)
+
+    return sum(int(n) * entry(i) for i, n in enumerate(counts) if n)
 
   def to_dict(self) -> dict:
     """A JSON-able dict (int keys as strings), tagged with the format."""

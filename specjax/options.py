@@ -30,6 +30,17 @@ ADAPTIVE_DEFAULTS = dict(decay=0.1, prior=0.5, forget=0.05, margin=0.0, threshol
 ADAPTIVE_DRIFTS = ("prior", "first")
 
 
+RETRIEVAL_SAMPLES = 64  # ``sj.Retrieval(samples=)``'s default: occurrences counted per lookup
+
+
+def depth_budget(depth: int, nodes: int, branches: int,
+                 samples: int = RETRIEVAL_SAMPLES) -> int:
+  """The nodes of a retrieval tree cut to ``depth`` levels (``sj.Retrieval.at_depth``, an
+  ``sj.Adaptive`` tree menu's entry): ``branches`` a level within ``nodes``, at least ``depth``
+  (one continuation) and at most ``samples x depth`` (what the continuations can fill)."""
+  return max(depth, min(nodes, depth * branches, samples * depth))
+
+
 def check_adaptive_menu(choices, field: str = "choices") -> None:
   """A menu of draft lengths (``sj.Adaptive(choices=)``, the runner's ``adaptive_choices``):
   integers >= 0, increasing, at least one >= 1; else a one-line ValueError naming ``field``

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import cache
+from specjax import cache, options
 from specjax.decoding.methods import check_count, check_guesses
 from specjax.models.transformer import Transformer
 from specjax.proposers.retrieval import RetrievalProposer
@@ -190,7 +190,7 @@ class Retrieval:
   nodes: int = 16
   branches: int = 4
   max_suffix: int = 12
-  samples: int = 64
+  samples: int = options.RETRIEVAL_SAMPLES
   per_request: bool = False
   max_spec_factor: float | None = None
   name = "retrieval"
@@ -231,6 +231,13 @@ class Retrieval:
   def gamma(self) -> int:
     """The most guesses one pass can accept (the tree's depth), as for a chain."""
     return self.num_tokens
+
+  def at_depth(self, depth: int) -> Retrieval:
+    """The method with its tree cut to ``depth`` levels (``sj.Adaptive``'s tree menu): a budget
+    of ``branches`` nodes per level within ``nodes``, ``min(nodes, depth x branches)`` (at least
+    ``depth``), so that a level's acceptance is much the same in every entry of the menu."""
+    return dataclasses.replace(self, num_tokens=depth, nodes=options.depth_budget(
+        depth, self.nodes, self.branches, self.samples))
 
   def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
     del width, max_new_tokens, what  # generate checked the context

@@ -31,6 +31,7 @@ from specjax import sampling as sampling_lib
 from specjax.decoding import loop
 from specjax.models.kv_cache import init_cache
 from specjax.proposers import adaptive as adaptive_lib
+from specjax.proposers import adaptive_model
 from specjax.proposers.base import Outcome
 from specjax.proposers import draft_chain
 
@@ -89,6 +90,25 @@ class GreedyTest(parameterized.TestCase):
     counts = np.asarray(out.stats.choice_counts)
     self.assertLen(counts, len(choices))
     self.assertEqual(counts.sum(), int(out.stats.target_calls) - 1)  # every iteration, once
+
+  @parameterized.named_parameters(("cost", "cost"), ("schedule", "schedule"))
+  def test_tree_menu_matches_autoregressive(self, rule):
+    """Retrieval's per-request trees cut to depths 1, 2 and 3 (2, 4 and 6 nodes): a ragged batch
+    (row 2 stops at EOS after two tokens, the others run on repeating text) returns
+    ``Autoregressive``'s tokens, through more than one entry of the menu."""
+    target = random_transformer(TF_CONFIG, 0)
+    trees = sj.Retrieval(None, num_tokens=3, nodes=6, branches=2, samples=8, per_request=True)
+    method = sj.Adaptive(trees, choices=MENU, costs=table(tuple(1.0 + 0.1 * t for t in range(7)),
+                                                          0.0), rule=rule)
+    expected = greedy_reference(TF_CONFIG, 2 * GREEDY_NEW)
+    eos = int(expected[2, 1])
+    out = sj.generate(target, GREEDY_PROMPTS, method, max_new_tokens=2 * GREEDY_NEW,
+                      eos_token_id=eos)
+    np.testing.assert_array_equal(np.asarray(out.tokens), truncate_at_eos(expected, eos))
+    counts = np.asarray(out.stats.choice_counts)
+    self.assertEqual(counts.sum(), int(out.stats.target_calls) - 1)
+    self.assertGreaterEqual(int(np.sum(counts > 0)), 2, msg=str(counts))
+    self.assertGreater(int(np.sum(out.stats.accepted)), 0)
 
 
 class ChoiceTest(absltest.TestCase):
@@ -293,6 +313,50 @@ class ChoiceTest(absltest.TestCase):
       np.testing.assert_allclose(got, [[ema(0.2), 0.3, to_first(ema(0.2))],
                                        [ema(0.6), ema(0.7), to_first(ema(0.6))]], rtol=1e-6)
 
+  def test_a_tree_entry_observes_the_levels_it_reached(self):
+    """A tree menu (Retrieval cut to depths): after a 2-deep tree the levels whose test ran take
+    an EMA step to whether they were reached (the tree rules give no acceptance probability),
+    the level past the entry drifts; a plain iteration scores its token against the whole first
+    level of the 1-deep tree (a hit when any of its nodes is that token)."""
+    target = random_transformer(TF_CONFIG, 0)
+    trees = sj.Retrieval(None, num_tokens=3, nodes=6, branches=2, samples=8, per_request=True)
+    method = sj.Adaptive(trees, choices=MENU, costs=table(tuple(1.0 + 0.1 * t for t in range(7)),
+                                                          0.0), decay=0.2, prior=0.5, forget=0.1)
+    proposer, params = method.proposer(target)
+    # "1 3" came before 4 and 5: a first level of two nodes; row 1 likewise
+    prompt = jnp.asarray([[1, 3, 4, 1, 3, 5, 1], [2, 6, 7, 2, 6, 8, 2]], jnp.int32)
+    lengths = jnp.asarray([7, 7], jnp.int32)
+    state = proposer.prefill(params, prompt, lengths, 24)
+    state = state.replace(acceptance=jnp.full(state.acceptance.shape, 0.3, jnp.float32),
+                          seen=jnp.full(state.seen.shape, 50.0, jnp.float32))  # an EMA
+    pending, on = jnp.asarray([3, 6], jnp.int32), jnp.asarray([True, True])
+    keys = jax.random.split(jax.random.key(0), (2, proposer.num_candidates))
+    entry = proposer.variants[2]
+    candidates, proposed = entry.propose(params, state, pending, keys, S(0.0))
+    self.assertEqual(candidates.tokens.shape, (2, 4))
+    outcome = Outcome(target_length=lengths, path=jnp.asarray([[0, -1], [0, 1]], jnp.int32),
+                      num_accepted=jnp.asarray([1, 2], jnp.int32), next_token=pending,
+                      active=on, logits=jnp.zeros((2, 5, TF_CONFIG.vocab_size)),
+                      sampling=S(0.0))
+    got = np.asarray(entry.commit(params, proposed, candidates, outcome).acceptance)
+    ema = lambda value: 0.8 * 0.3 + 0.2 * value
+    drifted = 0.3 + 0.1 * (0.5 - 0.3)
+    np.testing.assert_allclose(got, [[ema(1), ema(0), drifted], [ema(1), ema(1), drifted]],
+                               rtol=1e-6)
+    plain = proposer.variants[0]
+    _, proposed = plain.propose(params, state, pending, keys, S(0.0))
+    first = np.asarray(proposed.shadow)
+    self.assertEqual(first.shape, (2, 2))  # the 1-deep tree: 2 nodes, both on the first level
+    np.testing.assert_array_equal(np.sort(first, axis=1), [[4, 5], [7, 8]])
+    miss = next(t for t in range(TF_CONFIG.vocab_size) if t not in first[1])
+    emitted = jnp.asarray([first[0, 1], miss], jnp.int32)  # row 0: its second node's token
+    outcome = outcome.replace(path=jnp.zeros((2, 0), jnp.int32), next_token=emitted,
+                              num_accepted=jnp.zeros((2,), jnp.int32),
+                              logits=jnp.zeros((2, 1, TF_CONFIG.vocab_size)))
+    got = np.asarray(plain.commit(params, proposed, candidates.replace(
+        tokens=jnp.zeros((2, 0), jnp.int32)), outcome).acceptance)
+    np.testing.assert_allclose(got[:, 0], [ema(1), ema(0)], rtol=1e-6)
+
   def test_margin_keeps_the_last_choice(self):
     """Hysteresis: at acceptance 0.5 under ``table()`` one draft models 1.5 / 1.4 = 1.071
     tokens per step against plain decoding's 1.0 and two drafts' 1.75 / 1.8 = 0.972."""
@@ -319,25 +383,25 @@ class ChoiceTest(absltest.TestCase):
 
   def test_estimates(self):
     a = jnp.asarray([[0.5, 0.5, 0.5], [1.0, 1.0, 0.0]])
-    np.testing.assert_allclose(adaptive_lib.expected_tokens(a, 3), [1.875, 3.0])
+    np.testing.assert_allclose(adaptive_model.expected_tokens(a, 3), [1.875, 3.0])
     for alpha in (0.0, 0.3, 0.9):  # equal positions: Leviathan's closed form
-      np.testing.assert_allclose(adaptive_lib.expected_tokens(jnp.full((4,), alpha), 4),
+      np.testing.assert_allclose(adaptive_model.expected_tokens(jnp.full((4,), alpha), 4),
                                  metrics.expected_tokens_per_iteration(alpha, 4), rtol=1e-6)
-    np.testing.assert_allclose(adaptive_lib.expected_tokens(a, 0), [1.0, 1.0])
+    np.testing.assert_allclose(adaptive_model.expected_tokens(a, 0), [1.0, 1.0])
     observed = jnp.asarray([[True, False, False], [True, True, False]])
     drifting = jnp.asarray([[True] * 3, [False] * 3])
     many = jnp.full(a.shape, 50.0)  # past the warm-up: EMA steps of weight decay
-    new, seen = adaptive_lib.observe(a, many, observed, jnp.zeros_like(a), 0.5, drifting, 0.9,
+    new, seen = adaptive_model.observe(a, many, observed, jnp.zeros_like(a), 0.5, drifting, 0.9,
                                      0.1)
     np.testing.assert_allclose(new, [[0.25, 0.54, 0.54], [0.5, 0.5, 0.0]], rtol=1e-6)
     np.testing.assert_array_equal(seen, many + observed)
     # A fresh estimate: a running mean with the prior as PRIOR_WEIGHT observations until the
     # weight 1 / (n + PRIOR_WEIGHT + 1) falls to decay, then the EMA; many at once = one by one.
-    w, decay = adaptive_lib.PRIOR_WEIGHT, 0.1
+    w, decay = adaptive_model.PRIOR_WEIGHT, 0.1
     est, seen, values = jnp.asarray([0.6]), jnp.asarray([0.0]), [1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1]
     by_hand, n = 0.6, 0
     for v in values:
-      est, seen = adaptive_lib.observe(est, seen, jnp.asarray([True]), jnp.asarray([float(v)]),
+      est, seen = adaptive_model.observe(est, seen, jnp.asarray([True]), jnp.asarray([float(v)]),
                                        decay, jnp.asarray([True]), 0.6, 0.05)
       weight = max(decay, 1 / (n + w + 1))
       by_hand, n = by_hand + weight * (v - by_hand), n + 1
@@ -345,9 +409,9 @@ class ChoiceTest(absltest.TestCase):
     for count in (3.0, 7.0, 20.0):  # equal observations: the batch form equals the steps
       one = (jnp.asarray([0.6]), jnp.asarray([1.0]))
       for _ in range(int(count)):
-        one = adaptive_lib.observe(*one, jnp.asarray([True]), jnp.asarray([0.2]), decay,
+        one = adaptive_model.observe(*one, jnp.asarray([True]), jnp.asarray([0.2]), decay,
                                    jnp.asarray([True]), 0.6, 0.05)
-      batch = adaptive_lib.observe_many(jnp.asarray([0.6]), jnp.asarray([1.0]),
+      batch = adaptive_model.observe_many(jnp.asarray([0.6]), jnp.asarray([1.0]),
                                         jnp.asarray([count]), jnp.asarray([0.2]), decay)
       np.testing.assert_allclose(np.asarray(batch), np.asarray(one), rtol=1e-5)
 
@@ -363,7 +427,7 @@ class ChoiceTest(absltest.TestCase):
         law.append(survive)
         tokens = np.arange(1, gamma + 2)
         mean = float(np.dot(law, tokens))
-        mean_got, var_got = adaptive_lib.token_moments(jnp.asarray(a), gamma)
+        mean_got, var_got = adaptive_model.token_moments(jnp.asarray(a), gamma)
         np.testing.assert_allclose(float(mean_got), mean, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(float(var_got), np.dot(law, tokens ** 2) - mean ** 2,
                                    rtol=1e-5, atol=1e-6, err_msg=f"{a}, gamma {gamma}")
@@ -373,7 +437,7 @@ class ChoiceTest(absltest.TestCase):
     plus s / sqrt(pi) (the expected maximum of two standard normals). Four rows of one draft at
     acceptance 0.3 and 64 tokens: a simulation of the chains (the renewal model's error is
     within 1%). Inactive rows do not count."""
-    f = lambda r, m, v, on=None: float(adaptive_lib.batch_iterations(
+    f = lambda r, m, v, on=None: float(adaptive_model.batch_iterations(
         jnp.asarray(r, jnp.float32), jnp.asarray(m, jnp.float32), jnp.asarray(v, jnp.float32),
         jnp.ones(len(r), bool) if on is None else jnp.asarray(on)))
     self.assertAlmostEqual(f([64.0], [1.6], [0.3]), 40.0, places=4)
@@ -426,11 +490,11 @@ class ChoiceTest(absltest.TestCase):
       for n in (1, 3, 7, 8, 20, 60):
         grads = jax.grad(lambda xs: estimate_after(xs, decay))(
             jnp.full((n,), 0.5))
-        np.testing.assert_allclose(float(adaptive_lib.noise_share(jnp.float32(n), decay)),
+        np.testing.assert_allclose(float(adaptive_model.noise_share(jnp.float32(n), decay)),
                                    float(jnp.sum(grads ** 2)),
                                    rtol=1e-5 if decay == 0.1 else 1e-2,
                                    err_msg=f"decay {decay}, {n} observations")
-    self.assertEqual(float(adaptive_lib.noise_share(jnp.float32(0), 0.1)), 0.0)
+    self.assertEqual(float(adaptive_model.noise_share(jnp.float32(0), 0.1)), 0.0)
 
   def test_shrink_removes_the_least_estimates_noise(self):
     """Eight rows of one true acceptance 0.6, each estimated from 30 matches (T = 0): the least
@@ -442,24 +506,24 @@ class ChoiceTest(absltest.TestCase):
     raw = jax.vmap(jax.vmap(lambda xs: estimate_after(xs, 0.1)))(
         jnp.asarray(hits, jnp.float32))  # [400, 8]
     seen, on = jnp.full((8, 1), 30.0), jnp.ones((8,), bool)
-    shrunk = jax.vmap(lambda a: adaptive_lib.shrink(a[:, None], seen, on, 0.1)[:, 0])(raw)
+    shrunk = jax.vmap(lambda a: adaptive_model.shrink(a[:, None], seen, on, 0.1)[:, 0])(raw)
     low_raw, low_shrunk = 0.6 - float(raw.min(axis=1).mean()), 0.6 - float(
         shrunk.min(axis=1).mean())
     self.assertGreater(low_raw, 0.1)
     self.assertLess(low_shrunk, low_raw / 3, msg=f"raw {low_raw:.3f}, shrunk {low_shrunk:.3f}")
     self.assertLess(float(jnp.mean((shrunk - 0.6) ** 2)), float(jnp.mean((raw - 0.6) ** 2)))
     apart = jnp.asarray([[0.2], [0.9], [0.2], [0.9]])
-    got = adaptive_lib.shrink(apart, jnp.full((4, 1), 30.0), jnp.ones((4,), bool), 0.1)
+    got = adaptive_model.shrink(apart, jnp.full((4, 1), 30.0), jnp.ones((4,), bool), 0.1)
     np.testing.assert_allclose(np.asarray(got), np.asarray(apart), atol=0.03)
     one = jnp.asarray([[0.3, 0.8]])
-    np.testing.assert_array_equal(np.asarray(adaptive_lib.shrink(
+    np.testing.assert_array_equal(np.asarray(adaptive_model.shrink(
         one, jnp.full((1, 2), 30.0), jnp.ones((1,), bool), 0.1)), np.asarray(one))
     fresh = jnp.asarray([[0.5], [0.5], [0.4]])
-    np.testing.assert_array_equal(np.asarray(adaptive_lib.shrink(
+    np.testing.assert_array_equal(np.asarray(adaptive_model.shrink(
         fresh, jnp.zeros((3, 1)), jnp.ones((3,), bool), 0.1)), np.asarray(fresh))
     # an inactive row neither moves nor counts toward the mean
     mixed = jnp.asarray([[0.4], [0.6], [0.0]])
-    got = adaptive_lib.shrink(mixed, jnp.full((3, 1), 30.0), jnp.asarray([True, True, False]),
+    got = adaptive_model.shrink(mixed, jnp.full((3, 1), 30.0), jnp.asarray([True, True, False]),
                               0.1)
     got = np.asarray(got)[:, 0]
     self.assertEqual(got[2], 0.0)
@@ -487,7 +551,7 @@ def estimate_after(observations: jax.Array, decay: float, prior: float = 0.5) ->
   one = lambda value: jnp.full((1, 1), value, jnp.float32)
 
   def step(carry, x):
-    a, seen = adaptive_lib.observe(*carry, jnp.ones((1, 1), bool), one(x), decay,
+    a, seen = adaptive_model.observe(*carry, jnp.ones((1, 1), bool), one(x), decay,
                                    jnp.zeros((1, 1), bool), prior, 0.0)
     return (a, seen), None
 
@@ -498,6 +562,17 @@ def estimate_after(observations: jax.Array, decay: float, prior: float = 0.5) ->
 def law_pair():
   target, draft = tabular_pair("mixed", 3)
   return target, draft
+
+
+def peeking(index, branches, state):
+  """A mutant ``loop.run_choice``: runs the longest entry first and keeps it only if its verdict
+  accepted a draft in every active row, otherwise plain decoding: a choice made from this
+  iteration's target logits."""
+  del index
+  longest = branches[-1](state)
+  accepted = longest.stats.accepted - state.stats.accepted
+  good = jnp.all(jnp.where(state.done, True, accepted > 0))
+  return jax.lax.cond(good, lambda: longest, lambda: branches[0](state))
 
 
 class LawTest(absltest.TestCase):
@@ -514,28 +589,32 @@ class LawTest(absltest.TestCase):
     self.assertGreaterEqual(int(np.sum(counts > 0.02 * counts.sum())), least, msg=str(counts))
     return counts
 
+  def assert_lossless_unless_peeking(self, method, name: str, mutant_name: str):
+    """The law holds with a menu that switches; the ``peeking`` mutant breaks it."""
+    clean = self.law(method, name)
+    self.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
+    self.assert_switches(clean)
+    with patched(((loop, "run_choice", peeking),)):
+      mutant = self.law(method, mutant_name)
+    self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
+
   def test_cost_rule_and_a_peeking_rule(self):
     _, draft = law_pair()
     # every entry near the best at this acceptance; timed at the law run's sampling
     close = dataclasses.replace(table((1.0, 1.1, 1.2, 1.3), 0.05), sampling=S(1.0))
     method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=close, prior=0.6)
-    clean = self.law(method, "adaptive_cost")
-    self.assertGreater(clean.pvalue, lawcheck.CLEAN_FLOOR, msg=clean.summary())
-    self.assert_switches(clean)
+    self.assert_lossless_unless_peeking(method, "adaptive_cost", "adaptive_peeking")
 
-    def peeking(index, branches, state):
-      """Runs the longest entry first and keeps it only if its verdict accepted a draft in
-      every active row; otherwise plain decoding: a choice made from this iteration's target
-      logits."""
-      del index
-      longest = branches[-1](state)
-      accepted = longest.stats.accepted - state.stats.accepted
-      good = jnp.all(jnp.where(state.done, True, accepted > 0))
-      return jax.lax.cond(good, lambda: longest, lambda: branches[0](state))
-
-    with patched(((loop, "run_choice", peeking),)):
-      mutant = self.law(method, "adaptive_peeking")
-    self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
+  def test_tree_menu_and_a_peeking_rule(self):
+    """A draft-free tree method (SuffixDecoding's per-request trees) cut to depths 1-3: the
+    cost rule switches between trees, and the law holds; peeking at the verdict breaks it."""
+    target, _ = law_pair()
+    trees = sj.Retrieval(None, num_tokens=3, nodes=6, branches=2, samples=8, per_request=True)
+    close = dataclasses.replace(table(tuple(1.0 + 0.07 * t for t in range(7)), 0.0),
+                                sampling=S(1.0))
+    method = sj.Adaptive(trees, choices=MENU, costs=close, prior=0.6)
+    self.assertEqual(method.tree_widths, (1, 3, 5, 7))
+    self.assert_lossless_unless_peeking(method, "adaptive_tree", "adaptive_tree_peeking")
 
   def test_schedule_and_confidence_rules(self):
     _, draft = law_pair()
@@ -555,6 +634,7 @@ class ErrorTest(absltest.TestCase):
   def test_errors(self):
     _, inner = methods()
     spec = inner["speculative"]
+    trees = sj.Retrieval(None, num_tokens=3, nodes=6, branches=2, per_request=True)
     cases = [
         (dict(method=sj.Lookahead()), "wraps a chain method .*got Lookahead"),
         (dict(method=spec, rule="greedy"), "rule must be one of .*'greedy'"),
@@ -571,6 +651,12 @@ class ErrorTest(absltest.TestCase):
         (dict(method=spec, choices=(0, 1, 6), costs=FLAT), "7"),  # no pass over 7 tokens
         (dict(method=inner["prompt_lookup"], choices=(1, 2), rule="confidence"),
          "confidence rule .*PromptLookup has none"),
+        (dict(method=sj.TreeSpeculative(spec.draft, sj.Tree.full(depth=2, branching=2))),
+         "a tree method with at_depth \\(Retrieval\\), got TreeSpeculative"),
+        (dict(method=trees, choices=(0, 1, 3), costs=table()),
+         "no measured pass over 7 tokens"),  # depth 3: 6 nodes and the pending token
+        (dict(method=trees, choices=(1, 2), rule="confidence"),
+         "confidence rule .*Retrieval has none"),
     ]
     for kwargs, message in cases:
       with self.subTest(message):

@@ -666,6 +666,33 @@ class TreeRunTest(absltest.TestCase):
         self.assertAlmostEqual(e["verify_cost"], v, msg=e["method"])
 
 
+class AdaptiveTreeMenuRunTest(absltest.TestCase):
+  """Method "adaptive" over SuffixDecoding's trees (``adaptive_method=suffix``): each entry its
+  tree cut to a depth, a pass per entry's nodes measured and priced, the greedy tokens
+  autoregressive decoding's."""
+
+  def test_suffix_menu(self):
+    from specjax.costs import CostTable
+    with tempfile.TemporaryDirectory() as tmp:
+      proc, _ = _run("--config=configs/tiny.py:adaptive_rules=schedule/cost,"
+                     "adaptive_choices=0/1/2/3", f"--config.output_dir={tmp}",
+                     "--config.methods=autoregressive,adaptive", "--config.adaptive_method=suffix",
+                     "--config.datastore=none", "--config.temperatures=0", "--config.repeats=1",
+                     "--config.max_new_tokens=16", "--config.progress=False",
+                     "--config.plots=False")
+      self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+      results = json.loads(pathlib.Path(tmp, "results.json").read_text())
+    rows = {e["rule"]: e for e in results["settings"] if e["method"] == "adaptive"}
+    for rule, e in rows.items():
+      self.assertEqual((e["base"], e["passes"]), ("suffix", [0, 4, 8, 12]))  # 4 nodes a level
+      self.assertEqual(e["greedy_match"], 1.0, msg=rule)
+      table = CostTable.from_dict(e["cost_table"])
+      self.assertAlmostEqual(e["iteration_cost"] * sum(e["choice_counts"]),
+                             table.menu_cost(e["choices"], e["choice_counts"], e["passes"]))
+    self.assertGreater(sum(rows["schedule"]["choice_counts"][1:]), 0)  # the trees ran
+    self.assertIn("adaptive schedule (suffix 0..3)", proc.stdout)
+
+
 class GpuCheckScriptTest(absltest.TestCase):
   """experiments/gpu_check.sh (run by hand on an accelerator): every stage's command line parses
   and validates (dry runs), and a failing stage shows in its summary line."""

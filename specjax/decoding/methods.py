@@ -318,8 +318,9 @@ class Lookahead:
 @dataclasses.dataclass(frozen=True, eq=False)
 class Adaptive:
   """Speculate only as much as pays: ``method`` (a chain method: ``Speculative``,
-  ``SelfSpeculative``, ``PromptLookup`` or ``Jacobi``) run with a draft length chosen before each
-  iteration from the menu ``choices`` (0: plain decoding), all entries compiled into the one
+  ``SelfSpeculative``, ``PromptLookup`` or ``Jacobi``; or a tree method with ``at_depth``:
+  ``Retrieval``, its tree cut to a depth) run with a draft length (a tree's depth) chosen before
+  each iteration from the menu ``choices`` (0: plain decoding), all entries compiled into the one
   loop (a loop per entry, each of its own static pass shape; ``specjax.proposers.adaptive``).
 
   ``rule``: ``"cost"`` (default) picks the entry with the most modelled tokens per unit of
@@ -349,17 +350,25 @@ class Adaptive:
   name = "adaptive"
 
   def __post_init__(self):
-    if type(self.method) not in ADAPTIVE_LENGTH:
+    if type(self.method) not in ADAPTIVE_LENGTH and not hasattr(self.method, "at_depth"):
       names = ", ".join(sorted(m.__name__ for m in ADAPTIVE_LENGTH))
-      raise ValueError(f"sj.Adaptive wraps a chain method ({names}), got "
-                       f"{type(self.method).__name__}")
+      raise ValueError(f"sj.Adaptive wraps a chain method ({names}) or a tree method with "
+                       f"at_depth (Retrieval), got {type(self.method).__name__}")
     object.__setattr__(self, "choices", adaptive_lib.check_menu(self.choices, self.rule))
     adaptive_lib.check_settings(self.decay, self.prior, self.forget, self.threshold,
                                 self.margin, self.drift)
     if self.rule == "confidence" and not isinstance(self.method, (Speculative, SelfSpeculative)):
       raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
                        f"{type(self.method).__name__} has none")
-    adaptive_lib.menu_costs(self.costs, self.choices, self.rule)
+    adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_widths)
+
+  @property
+  def tree_widths(self) -> tuple[int, ...] | None:
+    """Each entry's pass width (its tree's nodes + the pending token) for a tree method, whose
+    iteration is that pass (``menu_costs``); None for a chain method."""
+    if type(self.method) in ADAPTIVE_LENGTH:
+      return None
+    return tuple(self.at(k).nodes + 1 if k else 1 for k in self.choices)
 
   @property
   def gamma(self) -> int:
@@ -367,7 +376,9 @@ class Adaptive:
     return self.choices[-1]
 
   def at(self, gamma: int):
-    """The wrapped method with ``gamma`` drafts per iteration."""
+    """The wrapped method with ``gamma`` drafts per iteration (a tree method: ``gamma`` deep)."""
+    if type(self.method) not in ADAPTIVE_LENGTH:
+      return self.method.at_depth(gamma)
     return dataclasses.replace(self.method, **{ADAPTIVE_LENGTH[type(self.method)]: gamma})
 
   def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
@@ -386,7 +397,7 @@ class Adaptive:
     shadow = None if hasattr(built[-1][0], "sync") else build(1)[0]
     return AdaptiveProposer(
         proposers=proposers, choices=self.choices, rule=self.rule,
-        costs=adaptive_lib.menu_costs(self.costs, self.choices, self.rule),
+        costs=adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_widths),
         decay=float(self.decay), prior=float(self.prior), forget=float(self.forget),
         threshold=float(self.threshold), vocab_size=target.config.vocab_size,
         margin=float(self.margin), shadow=shadow, drift=self.drift), built[-1][1]

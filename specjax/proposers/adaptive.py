@@ -1,8 +1,11 @@
 """Adaptive speculation: a menu of draft lengths (0 = plain decoding), one chosen per iteration.
 
-``sj.Adaptive`` (``specjax.decoding.methods``) wraps a chain method; this proposer holds one
-proposer per menu entry, all sharing one state (room for the largest entry), and the loop runs
-each entry in a loop of its own static pass shape (``specjax.decoding.loop``). The
+``sj.Adaptive`` (``specjax.decoding.methods``) wraps a chain method, or a draft-free tree method
+whose menu cuts its tree to each depth (``Retrieval.at_depth``: a level's acceptance is then
+estimated like a chain position's, from whether the level was reached, and an entry costs its
+one pass); this proposer holds one proposer per menu entry, all sharing one state (room for the
+largest entry), and the loop runs each entry in a loop of its own static pass shape
+(``specjax.decoding.loop``); the model's arithmetic is ``specjax.proposers.adaptive_model``. The
 choice is made before the iteration from past iterations only (and, for the confidence rule,
 from the draft's own proposals), never from the target's verdict on the current iteration, so
 every iteration is an exact speculative step of some length and the output law is the target's.
@@ -58,6 +61,8 @@ import jax.numpy as jnp
 
 from specjax import options
 from specjax import sampling as sampling_lib
+from specjax.proposers.adaptive_model import (batch_iterations, observe, observe_many, shrink,
+                                              token_moments)
 from specjax.proposers.base import CHAIN, Candidates
 from specjax.proposers.draft_chain import GammaChain
 from specjax.proposers.draft_free import TokenHistory
@@ -89,7 +94,7 @@ class AdaptiveState:
   text: TokenHistory  # the rows' committed text: what a skipped draft catches up with
   acceptance: jax.Array  # float32[B, G] per-row, per-position acceptance estimates
   seen: jax.Array  # float32[B, G] observations behind each estimate
-  shadow: jax.Array  # int32[B] the guess a plain-decoding iteration scored (draft-free proposers)
+  shadow: jax.Array  # int32[B, W] guesses a plain iteration scored (draft-free: ``first_level``)
   gamma: jax.Array  # int32[] the schedule's current draft length
   last: jax.Array  # int32[] the previous iteration's menu index (-1 before the first)
   plain_run: jax.Array  # int32[] plain iterations since the draft last caught up (``look``)
@@ -102,123 +107,11 @@ class AdaptiveState:
   plain_p: jax.Array
 
 
-def expected_tokens(acceptance: jax.Array, gamma: int) -> jax.Array:
-  """float32[...]: expected tokens of one iteration of a chain of ``gamma`` drafts whose position
-  j is accepted with probability ``acceptance[..., j]`` given the earlier ones, plus the bonus:
-  ``1 + sum_{i<gamma} prod_{j<=i} a_j`` (Leviathan et al. 2023, Eq. 1, where all a_j = alpha):
-  ``token_moments``' mean."""
-  return token_moments(acceptance, gamma)[0]
-
-
-def token_moments(acceptance: jax.Array, gamma: int) -> tuple[jax.Array, jax.Array]:
-  """(mean, variance), float32[...] each, of one iteration's tokens under ``expected_tokens``'s
-  model: with survivals ``s_i = prod_{j<=i} a_j``, tokens = 1 + A where A counts the accepted
-  drafts, ``E[A] = sum_i s_i`` (Eq. 1) and ``E[A^2] = sum_i (2i + 1) s_i``."""
-  survive = jnp.cumprod(acceptance[..., :gamma], axis=-1)
-  drafts = jnp.sum(survive, axis=-1)
-  second = jnp.sum((2.0 * jnp.arange(gamma) + 1.0) * survive, axis=-1)
-  return 1.0 + drafts, jnp.maximum(second - drafts ** 2, 0.0)
-
-
-GRID = 32  # points of ``batch_iterations``'s integral (a span of <= 12 standard deviations)
-
-
-def batch_iterations(remaining: jax.Array, mean: jax.Array, variance: jax.Array,
-                     active: jax.Array) -> jax.Array:
-  """float32[]: the expected iterations until every active row has emitted its ``remaining``
-  tokens (float32[B]) at ``mean`` / ``variance`` tokens an iteration (float32[B]): a batch runs
-  until its slowest row is done. Row b needs ``N_b ~ Normal(R_b / mu_b, R_b sigma_b^2 /
-  mu_b^3)`` iterations (the renewal central limit theorem; Cox, Renewal Theory, 1962), and
-  ``E[max_b N_b]`` for independent rows is ``lo + int_lo^hi (1 - prod_b Phi_b(x)) dx`` (midpoint
-  rule over ``GRID`` points; below ``lo`` some row is surely still running, past ``hi`` all are
-  done). One row: ``R / mu``, the per-iteration model's own ratio."""
-  centre = remaining / mean
-  spread = jnp.sqrt(remaining * variance / mean ** 3)
-  lo = jnp.max(jnp.where(active, centre - 6.0 * spread, 0.0))
-  hi = jnp.max(jnp.where(active, centre + 6.0 * spread, 0.0))
-  x = lo + (hi - lo) * (jnp.arange(GRID) + 0.5) / GRID
-  z = (x[:, None] - centre[None, :]) / jnp.maximum(spread, 1e-6)[None, :]
-  done = jnp.prod(jnp.where(active[None, :], jax.scipy.special.ndtr(z), 1.0), axis=1)
-  return lo + (hi - lo) * jnp.mean(1.0 - done)
-
-
-PRIOR_WEIGHT = 2.0  # the prior counts as this many observations (``observe``)
-
-
-def kept_weight(seen: jax.Array, count: jax.Array, decay: float) -> jax.Array:
-  """The old estimate's share after ``count`` more observations, given ``seen`` before: the
-  observation after ``n`` others has weight ``max(decay, 1 / (n + PRIOR_WEIGHT + 1))``, a running
-  mean with the prior as ``PRIOR_WEIGHT`` observations until that falls to ``decay``, then an
-  EMA (the warm-up of a bias-corrected average): a fresh row leaves an optimistic prior after
-  a few misses, a long-running one keeps a window of ~1 / decay observations."""
-  start = seen + PRIOR_WEIGHT
-  mean_steps = jnp.clip(1.0 / decay - 1.0 - start, 0.0, count)  # observations at 1 / (n + 1)
-  return start / (start + mean_steps) * (1.0 - decay) ** (count - mean_steps)
-
-
-def noise_share(seen: jax.Array, decay: float) -> jax.Array:
-  """float32[...]: the sum of the squared weights of the observations behind an estimate after
-  ``seen`` of them (``kept_weight``'s schedule: a running mean with the prior as ``PRIOR_WEIGHT``
-  observations for the first ``m``, then an EMA of weight ``decay``): the estimate's variance
-  is this times one observation's, ``m / (m + PRIOR_WEIGHT)^2`` after the mean's ``m``,
-  approaching ``decay / (2 - decay)`` along the EMA."""
-  mean_steps = jnp.clip(1.0 / decay - 1.0 - PRIOR_WEIGHT, 0.0, seen)
-  fading = (1.0 - decay) ** (2.0 * (seen - mean_steps))
-  return (fading * mean_steps / (mean_steps + PRIOR_WEIGHT) ** 2
-          + (1.0 - fading) * decay / (2.0 - decay))
-
-
-def shrink(acceptance: jax.Array, seen: jax.Array, active: jax.Array,
-           decay: float) -> jax.Array:
-  """float32[B, G]: the active rows' estimates pulled toward the batch's mean at each position,
-  by as much of their spread as their own noise explains (empirical Bayes, James & Stein 1961;
-  Efron & Morris 1975): row b keeps ``tau^2 / (tau^2 + v_b)`` of its distance from the mean,
-  ``v_b = a(1 - a) x noise_share(seen_b)`` (a Bernoulli observation's variance at the mean
-  ``a``: exact for T = 0's matches, a bound for T > 0's acceptance probabilities) and ``tau^2``
-  the rows' spread beyond that noise (method of moments, floored at 0). The slowest row
-  prices a batch (``batch_iterations``), and the least of 4-8 noisy estimates of equal rows
-  is low by 1-1.4 standard deviations (~0.1-0.15 at decay 0.1): unshrunk, the rule
-  undervalued every draft length at batch 4-8. One row, or rows without observations: as
-  they are."""
-  w = active[:, None].astype(jnp.float32)
-  rows = jnp.sum(w, axis=0)
-  mean = jnp.sum(w * acceptance, axis=0) / jnp.maximum(rows, 1.0)
-  noise = mean * (1.0 - mean) * noise_share(seen, decay)
-  spread = jnp.sum(w * (acceptance - mean) ** 2, axis=0) / jnp.maximum(rows - 1.0, 1.0)
-  tau2 = jnp.maximum(spread - jnp.sum(w * noise, axis=0) / jnp.maximum(rows, 1.0), 0.0)
-  keep = jnp.where(noise > 0, tau2 / jnp.maximum(tau2 + noise, 1e-12), 1.0)
-  shrunk = mean + keep * (acceptance - mean)
-  return jnp.where((w > 0) & (rows > 1), shrunk, acceptance)
-
-
-def observe(acceptance: jax.Array, seen: jax.Array, observed: jax.Array, values: jax.Array,
-            decay: float, drifting: jax.Array, prior: float, forget: float,
-            drift: str = "prior"):
-  """(estimates, seen) after one iteration: a step toward ``values`` where ``observed`` (bool[B,
-  G]; ``kept_weight``), a step of ``forget`` where ``drifting`` (bool[B, G]) toward ``prior``
-  (``drift="prior"``) or toward the row's first-position estimate after this iteration's
-  observations (``drift="first"``)."""
-  kept = kept_weight(seen, jnp.ones_like(seen), decay)
-  acceptance = jnp.where(observed, kept * acceptance + (1.0 - kept) * values, acceptance)
-  target = acceptance[:, :1] if drift == "first" else prior
-  acceptance = jnp.where(drifting & ~observed, acceptance + forget * (target - acceptance),
-                         acceptance)
-  return acceptance, seen + observed
-
-
-def observe_many(acceptance: jax.Array, seen: jax.Array, count: jax.Array, mean: jax.Array,
-                 decay: float):
-  """(estimates, seen), float32[B] each: ``count`` (float32[B]) observations of mean ``mean``
-  folded into ``acceptance`` as ``count`` steps of ``observe`` toward their mean (the order
-  within the batch of observations is not kept)."""
-  kept = kept_weight(seen, count, decay)  # 1 where count is 0
-  return kept * acceptance + (1.0 - kept) * mean, seen + count
-
-
 @dataclasses.dataclass(frozen=True)
 class AdaptiveProposer:
-  """The proposer of ``sj.Adaptive``. ``proposers[i]`` drafts ``choices[i]`` tokens (None for
-  0); ``shadow`` is the 1-guess proposer whose guess a plain-decoding iteration scores (None
+  """The proposer of ``sj.Adaptive``. ``proposers[i]`` drafts ``choices[i]`` tokens (a tree
+  method: a tree ``choices[i]`` deep; None for 0); ``shadow`` is the 1-deep proposer whose
+  guesses a plain-decoding iteration scores (None
   when the inner proposer has a draft model, which is then skipped: ``syncs``). ``costs[i]``:
   the cost of entry i's iteration in target steps (rule "cost")."""
 
@@ -259,7 +152,8 @@ class AdaptiveProposer:
 
   @property
   def num_candidates(self) -> int:
-    return self.choices[-1]
+    """The most candidates of an entry (a tree method's: the deepest tree's nodes)."""
+    return max(p.num_candidates for p in self.proposers if p is not None)
 
   @property
   def depth(self) -> int:
@@ -278,7 +172,7 @@ class AdaptiveProposer:
     return tuple(MenuEntry(self, i) for i in range(len(self.choices)))
 
   def prefill(self, params, prompt, prompt_lengths, cache_length):
-    batch, g = prompt.shape[0], self.num_candidates
+    batch, g = prompt.shape[0], self.depth
     laws = (batch, g, self.vocab_size) if self.rule == "confidence" else (batch, 0, 0)
     plain_p = (batch, cache_length if self.looks else 0)
     return AdaptiveState(
@@ -286,7 +180,9 @@ class AdaptiveProposer:
         text=TokenHistory.of_prompt(prompt, prompt_lengths, cache_length),
         acceptance=jnp.full((batch, g), self.prior, jnp.float32),
         seen=jnp.zeros((batch, g), jnp.float32),
-        shadow=jnp.full((batch,), -1, jnp.int32), gamma=jnp.int32(self.choices[-1]),
+        shadow=jnp.full((batch, 1 if self.shadow is None else self.shadow.num_candidates), -1,
+                        jnp.int32),
+        gamma=jnp.int32(self.choices[-1]),
         last=jnp.int32(-1), plain_run=jnp.int32(0), look_every=jnp.int32(self.look_span),
         drafts=jnp.zeros((batch, g), jnp.int32), laws=jnp.zeros(laws, jnp.float32),
         plain_p=jnp.zeros(plain_p, jnp.float32))
@@ -390,7 +286,7 @@ class AdaptiveProposer:
     if not self.syncs:
       return state.inner
     return self.largest.sync(params, state.inner, state.text.tokens, state.text.lengths,
-                             self.num_candidates)
+                             self.depth)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,6 +300,10 @@ class MenuEntry(GammaChain):
   @property
   def gamma(self) -> int:
     return self.parent.choices[self.index]
+
+  @property
+  def num_candidates(self) -> int:
+    return 0 if self.gamma == 0 else self.parent.proposers[self.index].num_candidates
 
   @property
   def draft_calls_per_iteration(self) -> int:
@@ -420,7 +320,7 @@ class MenuEntry(GammaChain):
       if parent.shadow is None:  # a draft model: skipped, caught up when speculation resumes
         return none, state
       guess, inner = parent.shadow.propose(params, state.inner, pending, keys, sampling)
-      return none, state.replace(inner=inner, shadow=guess.tokens[:, 0])
+      return none, state.replace(inner=inner, shadow=first_level(guess))
     if parent.rule == "confidence":  # drafted by ``choose``
       q = None if sampling.is_greedy else state.laws[:, :self.gamma]
       return Candidates(tokens=state.drafts[:, :self.gamma], q=q, kind=CHAIN), state
@@ -431,8 +331,9 @@ class MenuEntry(GammaChain):
   def commit(self, params, state: AdaptiveState, candidates, outcome):
     parent, g = self.parent, self.gamma
     active, n = outcome.active, outcome.num_accepted
-    text = state.text.commit(candidates.tokens, outcome)
-    pos = jnp.arange(parent.num_candidates)[None, :]
+    on_path = jnp.take_along_axis(candidates.tokens, jnp.maximum(outcome.path, 0), axis=1)
+    text = state.text.commit(on_path, outcome)
+    pos = jnp.arange(parent.depth)[None, :]
     # Positions past this entry's drafts drift back to the prior (what makes a longer entry
     # worth a try again); positions it tested but did not reach keep their estimate (no
     # evidence, and drifting them to the prior biases a hard text's estimates upward). A
@@ -445,15 +346,17 @@ class MenuEntry(GammaChain):
       if parent.looks:  # the drawn token's probability, for the look that scores the draft
         state = state.replace(plain_p=record_plain(state.plain_p, text.lengths, outcome))
       if parent.shadow is not None:  # the free guess, scored by the token the target emitted
-        guess = Candidates(tokens=state.shadow[:, None], q=None, kind=CHAIN)
+        guess = Candidates(tokens=state.shadow, q=None, kind=CHAIN)
         inner = parent.shadow.commit(params, state.inner, guess, outcome)
-        hit = (outcome.next_token == state.shadow).astype(jnp.float32)
+        hit = jnp.any(outcome.next_token[:, None] == state.shadow, axis=1).astype(jnp.float32)
         values = jnp.broadcast_to(hit[:, None], values.shape)
         observed = live & (pos == 0)
     else:
       inner = parent.proposers[self.index].commit(params, state.inner, candidates, outcome)
-      values = jnp.pad(outcome.accept_prob.astype(jnp.float32),
-                       ((0, 0), (0, parent.num_candidates - g)))
+      # A chain's exact acceptance probabilities; a tree's level reached or not (the loop's
+      # tree rules report none): each an unbiased observation of the level's acceptance.
+      values = (pos < n[:, None]).astype(jnp.float32) if outcome.accept_prob is None else jnp.pad(
+          outcome.accept_prob.astype(jnp.float32), ((0, 0), (0, parent.depth - g)))
       observed = live & (pos < jnp.minimum(n + 1, g)[:, None])
     acceptance, seen = observe(state.acceptance, state.seen, observed, values, parent.decay,
                                drifting, parent.prior, parent.forget, parent.drift)
@@ -465,6 +368,18 @@ class MenuEntry(GammaChain):
     plain_run = state.plain_run + 1 if g == 0 else jnp.int32(0)
     return state.replace(inner=inner, text=text, acceptance=acceptance, seen=seen, gamma=gamma,
                          plain_run=plain_run)
+
+
+def first_level(candidates: Candidates) -> jax.Array:
+  """int32[B, N]: the guesses a plain iteration's token scores (position 0's acceptance), -1
+  elsewhere: a chain's first, a tree's first level (the root's children)."""
+  tokens, tree = candidates.tokens, candidates.structure
+  if tree is None:
+    return tokens[:, :1]
+  root = jnp.asarray(tree.children)[..., 0, :]  # [C] (a static tree) or [B, C] (per row)
+  root = jnp.broadcast_to(root, (tokens.shape[0], root.shape[-1]))
+  first = jnp.any(root[:, :, None] == jnp.arange(tokens.shape[1])[None, None, :], axis=1)
+  return jnp.where(first, tokens, -1)
 
 
 def record_plain(plain_p: jax.Array, position: jax.Array, outcome) -> jax.Array:
@@ -509,12 +424,17 @@ def check_settings(decay, prior, forget, threshold, margin=0.0, drift="prior") -
     options.check_unit_number(value, field)
 
 
-def menu_costs(costs, choices: tuple[int, ...], rule: str) -> tuple[float, ...]:
+def menu_costs(costs, choices: tuple[int, ...], rule: str,
+               tree_widths: tuple[int, ...] | None = None) -> tuple[float, ...]:
   """Each entry's iteration cost in target steps from ``costs`` (an ``sj.CostTable``) for the
-  cost rule (``()`` for the others), or a one-line ValueError (a pass the table lacks: its own)."""
+  cost rule (``()`` for the others): a chain's ``chain_cost``, or for a draft-free tree method
+  its one pass, ``v(tree_widths[i])`` (``sj.Adaptive.tree_widths``); or a one-line ValueError
+  (a pass the table lacks: its own)."""
   if rule != "cost":
     return ()
   if not callable(getattr(costs, "chain_cost", None)):
     raise ValueError(f"rule 'cost' needs costs=sj.CostTable measured for this run "
                      f"(sj.CostTable.measure), got {costs!r}")
-  return tuple(float(costs.chain_cost(k)) for k in choices)
+  if tree_widths is None:
+    return tuple(float(costs.chain_cost(k)) for k in choices)
+  return tuple(float(costs.pass_cost(w)) for w in tree_widths)

@@ -1,0 +1,123 @@
+"""The cost rule's model (``specjax.proposers.adaptive``): a chain's (or a tree's, level by level)
+expected tokens per iteration from per-position acceptance, a batch's expected iterations until
+its slowest row is done, and the per-row running acceptance estimates those read (the running
+mean that hands over to an EMA, its noise, the shrinking toward the batch's mean, the updates).
+Pure functions of arrays; the references are in each docstring."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def expected_tokens(acceptance: jax.Array, gamma: int) -> jax.Array:
+  """float32[...]: expected tokens of one iteration of a chain of ``gamma`` drafts whose position
+  j is accepted with probability ``acceptance[..., j]`` given the earlier ones, plus the bonus:
+  ``1 + sum_{i<gamma} prod_{j<=i} a_j`` (Leviathan et al. 2023, Eq. 1, where all a_j = alpha):
+  ``token_moments``' mean."""
+  return token_moments(acceptance, gamma)[0]
+
+
+def token_moments(acceptance: jax.Array, gamma: int) -> tuple[jax.Array, jax.Array]:
+  """(mean, variance), float32[...] each, of one iteration's tokens under ``expected_tokens``'s
+  model: with survivals ``s_i = prod_{j<=i} a_j``, tokens = 1 + A where A counts the accepted
+  drafts, ``E[A] = sum_i s_i`` (Eq. 1) and ``E[A^2] = sum_i (2i + 1) s_i``."""
+  survive = jnp.cumprod(acceptance[..., :gamma], axis=-1)
+  drafts = jnp.sum(survive, axis=-1)
+  second = jnp.sum((2.0 * jnp.arange(gamma) + 1.0) * survive, axis=-1)
+  return 1.0 + drafts, jnp.maximum(second - drafts ** 2, 0.0)
+
+
+GRID = 32  # points of ``batch_iterations``'s integral (a span of <= 12 standard deviations)
+
+
+def batch_iterations(remaining: jax.Array, mean: jax.Array, variance: jax.Array,
+                     active: jax.Array) -> jax.Array:
+  """float32[]: the expected iterations until every active row has emitted its ``remaining``
+  tokens (float32[B]) at ``mean`` / ``variance`` tokens an iteration (float32[B]): a batch runs
+  until its slowest row is done. Row b needs ``N_b ~ Normal(R_b / mu_b, R_b sigma_b^2 /
+  mu_b^3)`` iterations (the renewal central limit theorem; Cox, Renewal Theory, 1962), and
+  ``E[max_b N_b]`` for independent rows is ``lo + int_lo^hi (1 - prod_b Phi_b(x)) dx`` (midpoint
+  rule over ``GRID`` points; below ``lo`` some row is surely still running, past ``hi`` all are
+  done). One row: ``R / mu``, the per-iteration model's own ratio."""
+  centre = remaining / mean
+  spread = jnp.sqrt(remaining * variance / mean ** 3)
+  lo = jnp.max(jnp.where(active, centre - 6.0 * spread, 0.0))
+  hi = jnp.max(jnp.where(active, centre + 6.0 * spread, 0.0))
+  x = lo + (hi - lo) * (jnp.arange(GRID) + 0.5) / GRID
+  z = (x[:, None] - centre[None, :]) / jnp.maximum(spread, 1e-6)[None, :]
+  done = jnp.prod(jnp.where(active[None, :], jax.scipy.special.ndtr(z), 1.0), axis=1)
+  return lo + (hi - lo) * jnp.mean(1.0 - done)
+
+
+PRIOR_WEIGHT = 2.0  # the prior counts as this many observations (``observe``)
+
+
+def kept_weight(seen: jax.Array, count: jax.Array, decay: float) -> jax.Array:
+  """The old estimate's share after ``count`` more observations, given ``seen`` before: the
+  observation after ``n`` others has weight ``max(decay, 1 / (n + PRIOR_WEIGHT + 1))``, a running
+  mean with the prior as ``PRIOR_WEIGHT`` observations until that falls to ``decay``, then an
+  EMA (the warm-up of a bias-corrected average): a fresh row leaves an optimistic prior after
+  a few misses, a long-running one keeps a window of ~1 / decay observations."""
+  start = seen + PRIOR_WEIGHT
+  mean_steps = jnp.clip(1.0 / decay - 1.0 - start, 0.0, count)  # observations at 1 / (n + 1)
+  return start / (start + mean_steps) * (1.0 - decay) ** (count - mean_steps)
+
+
+def noise_share(seen: jax.Array, decay: float) -> jax.Array:
+  """float32[...]: the sum of the squared weights of the observations behind an estimate after
+  ``seen`` of them (``kept_weight``'s schedule: a running mean with the prior as ``PRIOR_WEIGHT``
+  observations for the first ``m``, then an EMA of weight ``decay``): the estimate's variance
+  is this times one observation's, ``m / (m + PRIOR_WEIGHT)^2`` after the mean's ``m``,
+  approaching ``decay / (2 - decay)`` along the EMA."""
+  mean_steps = jnp.clip(1.0 / decay - 1.0 - PRIOR_WEIGHT, 0.0, seen)
+  fading = (1.0 - decay) ** (2.0 * (seen - mean_steps))
+  return (fading * mean_steps / (mean_steps + PRIOR_WEIGHT) ** 2
+          + (1.0 - fading) * decay / (2.0 - decay))
+
+
+def shrink(acceptance: jax.Array, seen: jax.Array, active: jax.Array,
+           decay: float) -> jax.Array:
+  """float32[B, G]: the active rows' estimates pulled toward the batch's mean at each position,
+  by as much of their spread as their own noise explains (empirical Bayes, James & Stein 1961;
+  Efron & Morris 1975): row b keeps ``tau^2 / (tau^2 + v_b)`` of its distance from the mean,
+  ``v_b = a(1 - a) x noise_share(seen_b)`` (a Bernoulli observation's variance at the mean
+  ``a``: exact for T = 0's matches, a bound for T > 0's acceptance probabilities) and ``tau^2``
+  the rows' spread beyond that noise (method of moments, floored at 0). The slowest row
+  prices a batch (``batch_iterations``), and the least of 4-8 noisy estimates of equal rows
+  is low by 1-1.4 standard deviations (~0.1-0.15 at decay 0.1): unshrunk, the rule
+  undervalued every draft length at batch 4-8. One row, or rows without observations: as
+  they are."""
+  w = active[:, None].astype(jnp.float32)
+  rows = jnp.sum(w, axis=0)
+  mean = jnp.sum(w * acceptance, axis=0) / jnp.maximum(rows, 1.0)
+  noise = mean * (1.0 - mean) * noise_share(seen, decay)
+  spread = jnp.sum(w * (acceptance - mean) ** 2, axis=0) / jnp.maximum(rows - 1.0, 1.0)
+  tau2 = jnp.maximum(spread - jnp.sum(w * noise, axis=0) / jnp.maximum(rows, 1.0), 0.0)
+  keep = jnp.where(noise > 0, tau2 / jnp.maximum(tau2 + noise, 1e-12), 1.0)
+  shrunk = mean + keep * (acceptance - mean)
+  return jnp.where((w > 0) & (rows > 1), shrunk, acceptance)
+
+
+def observe(acceptance: jax.Array, seen: jax.Array, observed: jax.Array, values: jax.Array,
+            decay: float, drifting: jax.Array, prior: float, forget: float,
+            drift: str = "prior"):
+  """(estimates, seen) after one iteration: a step toward ``values`` where ``observed`` (bool[B,
+  G]; ``kept_weight``), a step of ``forget`` where ``drifting`` (bool[B, G]) toward ``prior``
+  (``drift="prior"``) or toward the row's first-position estimate after this iteration's
+  observations (``drift="first"``)."""
+  kept = kept_weight(seen, jnp.ones_like(seen), decay)
+  acceptance = jnp.where(observed, kept * acceptance + (1.0 - kept) * values, acceptance)
+  target = acceptance[:, :1] if drift == "first" else prior
+  acceptance = jnp.where(drifting & ~observed, acceptance + forget * (target - acceptance),
+                         acceptance)
+  return acceptance, seen + observed
+
+
+def observe_many(acceptance: jax.Array, seen: jax.Array, count: jax.Array, mean: jax.Array,
+                 decay: float):
+  """(estimates, seen), float32[B] each: ``count`` (float32[B]) observations of mean ``mean``
+  folded into ``acceptance`` as ``count`` steps of ``observe`` toward their mean (the order
+  within the batch of observations is not kept)."""
+  kept = kept_weight(seen, count, decay)  # 1 where count is 0
+  return kept * acceptance + (1.0 - kept) * mean, seen + count
