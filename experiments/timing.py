@@ -117,13 +117,13 @@ def sampled_tables(config, models: dict, settings: list[dict], prompt_lengths: l
   for t in sorted({s["temperature"] for s in chosen}):
     sampling = Sampling(temperature=t, top_k=int(config.top_k), top_p=float(config.top_p))
     for base in sorted({s["base"] for s in chosen if s["temperature"] == t}):
-      ours = [s for s in chosen if s["temperature"] == t and s["base"] == base]
-      menu = sorted({k for s in ours for k in s["choices"] if k > 0})
+      # each entry's candidates: a chain's drafts, a draft-free tree's nodes (``adaptive_passes``)
+      menu = sorted({p for s in chosen if s["temperature"] == t and s["base"] == base
+                     for p in s["passes"] if p > 0})
       context, cache_len = _context(config, prompt_lengths, menu)
       kind = METHODS[base].cost_model
-      if kind == PASS:  # one target pass over the pending token and k candidates (a tree's nodes)
-        passes = sorted({p for s in ours for p in s["passes"] if p > 0})
-        pair, widths, gammas = {"target": models["target"]}, (1, *(p + 1 for p in passes)), ()
+      if kind == PASS:  # one target pass over the pending token and the candidates
+        pair, widths, gammas = {"target": models["target"]}, (1, *(k + 1 for k in menu)), ()
       else:
         draft = (models["draft"] if kind == CHAIN
                  else skip_layers(models["target"], tuple(config.skip)))

@@ -127,18 +127,22 @@ class CostTable:
       return self.iteration[gamma]
     return gamma * self.draft_step + self.pass_cost(gamma + 1)
 
-  def menu_cost(self, choices, counts, tree_nodes=None) -> float:
-    """What iterations cost in target steps when ``counts[i]`` of them drafted ``choices[i]``
-    tokens (an ``sj.Adaptive`` run's ``DecodeStats.choice_counts``): ``sum_i counts_i
-    chain_cost(choices_i)``, or for a draft-free tree menu (``tree_nodes[i]``: entry i's nodes)
-    its passes, ``v(tree_nodes_i + 1)``; a length never chosen needs no pass in the table."""
-    def entry(i: int) -> float:
-      k = int(choices[i])
-      if tree_nodes is None or k == 0:
-        return self.chain_cost(k)
-      return self.pass_cost(int(tree_nodes[i]) + 1)
+  def entry_cost(self, gamma: int, tree_nodes: int | None = None) -> float:
+    """One iteration of an ``sj.Adaptive`` menu entry, in target steps: a chain of ``gamma``
+    drafts (``chain_cost``), or a draft-free tree ``gamma`` deep of ``tree_nodes`` nodes, whose
+    iteration is its one pass, ``v(tree_nodes + 1)``; plain decoding (``gamma`` 0) is 1.0."""
+    if tree_nodes is None or checked_int("gamma", gamma, 0) == 0:
+      return self.chain_cost(gamma)
+    return self.pass_cost(checked_int("tree_nodes", tree_nodes, 1) + 1)
 
-    return sum(int(n) * entry(i) for i, n in enumerate(counts) if n)
+  def menu_cost(self, choices, counts, tree_nodes=None) -> float:
+    """What iterations cost in target steps when ``counts[i]`` of them ran menu entry i
+    (``choices[i]`` drafts; with ``tree_nodes``, a tree of ``tree_nodes[i]`` nodes) (an
+    ``sj.Adaptive`` run's ``DecodeStats.choice_counts``): ``sum_i counts_i entry_cost(i)``; an
+    entry never chosen needs no pass in the table."""
+    nodes = [None] * len(choices) if tree_nodes is None else list(tree_nodes)
+    return sum(int(n) * self.entry_cost(int(k), m) for k, n, m in zip(choices, counts, nodes)
+               if n)
 
   def to_dict(self) -> dict:
     """A JSON-able dict (int keys as strings), tagged with the format."""

@@ -613,7 +613,7 @@ class LawTest(absltest.TestCase):
     close = dataclasses.replace(table(tuple(1.0 + 0.07 * t for t in range(7)), 0.0),
                                 sampling=S(1.0))
     method = sj.Adaptive(trees, choices=MENU, costs=close, prior=0.6)
-    self.assertEqual(method.tree_widths, (1, 3, 5, 7))
+    self.assertEqual(method.tree_nodes, (0, 2, 4, 6))  # passes over 1, 3, 5 and 7 tokens
     self.assert_lossless_unless_peeking(method, "adaptive_tree", "adaptive_tree_peeking")
 
   def test_schedule_and_confidence_rules(self):

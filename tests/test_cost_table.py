@@ -52,6 +52,20 @@ class CostTableTest(absltest.TestCase):
     draft_free = _table(draft_step=0.0, iteration={})
     self.assertEqual(draft_free.chain_cost(2), 1.25)
 
+  def test_entry_and_menu_cost(self):
+    """An adaptive menu's entries: a chain's ``chain_cost``; a draft-free tree of N nodes, its
+    one pass over N + 1 tokens whatever its depth; plain decoding 1.0. A run's iterations: the
+    entries' costs times their counts, an entry never chosen needing no pass."""
+    table = _table()
+    self.assertEqual(table.entry_cost(2), 1.6)
+    self.assertEqual(table.entry_cost(1, tree_nodes=3), 1.5)  # v(4), not a chain's c + v(2)
+    self.assertEqual(table.entry_cost(0, tree_nodes=0), 1.0)
+    with self.assertRaisesRegex(ValueError, r"no measured pass over 6 tokens"):
+      table.entry_cost(2, tree_nodes=5)
+    self.assertAlmostEqual(table.menu_cost((0, 2, 3), (5, 2, 0)), 5 + 2 * 1.6)
+    self.assertAlmostEqual(table.menu_cost((0, 1, 2, 3), (5, 1, 2, 0), (0, 2, 3, 5)),
+                           5 + 1.25 + 2 * 1.5)  # the 3-deep tree's 6-token pass: never run
+
   def test_normalised_and_frozen(self):
     verify = {1: 1, 3: 1.25}
     table = _table(verify=verify, iteration={})

@@ -360,15 +360,15 @@ class Adaptive:
     if self.rule == "confidence" and not isinstance(self.method, (Speculative, SelfSpeculative)):
       raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
                        f"{type(self.method).__name__} has none")
-    adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_widths)
+    adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_nodes)
 
   @property
-  def tree_widths(self) -> tuple[int, ...] | None:
-    """Each entry's pass width (its tree's nodes + the pending token) for a tree method, whose
-    iteration is that pass (``menu_costs``); None for a chain method."""
+  def tree_nodes(self) -> tuple[int, ...] | None:
+    """Each entry's tree nodes (0 for plain decoding) for a tree method, whose iteration is one
+    pass over them and the pending token (``CostTable.entry_cost``); None for a chain method."""
     if type(self.method) in ADAPTIVE_LENGTH:
       return None
-    return tuple(self.at(k).nodes + 1 if k else 1 for k in self.choices)
+    return tuple(self.at(k).nodes if k else 0 for k in self.choices)
 
   @property
   def gamma(self) -> int:
@@ -397,7 +397,7 @@ class Adaptive:
     shadow = None if hasattr(built[-1][0], "sync") else build(1)[0]
     return AdaptiveProposer(
         proposers=proposers, choices=self.choices, rule=self.rule,
-        costs=adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_widths),
+        costs=adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_nodes),
         decay=float(self.decay), prior=float(self.prior), forget=float(self.forget),
         threshold=float(self.threshold), vocab_size=target.config.vocab_size,
         margin=float(self.margin), shadow=shadow, drift=self.drift), built[-1][1]

@@ -425,16 +425,15 @@ def check_settings(decay, prior, forget, threshold, margin=0.0, drift="prior") -
 
 
 def menu_costs(costs, choices: tuple[int, ...], rule: str,
-               tree_widths: tuple[int, ...] | None = None) -> tuple[float, ...]:
-  """Each entry's iteration cost in target steps from ``costs`` (an ``sj.CostTable``) for the
-  cost rule (``()`` for the others): a chain's ``chain_cost``, or for a draft-free tree method
-  its one pass, ``v(tree_widths[i])`` (``sj.Adaptive.tree_widths``); or a one-line ValueError
-  (a pass the table lacks: its own)."""
+               tree_nodes: tuple[int, ...] | None = None) -> tuple[float, ...]:
+  """Each entry's iteration cost in target steps from ``costs`` (an ``sj.CostTable``'s
+  ``entry_cost``: a chain's, or a draft-free tree's one pass over ``tree_nodes[i]`` nodes,
+  ``sj.Adaptive.tree_nodes``) for the cost rule (``()`` for the others), or a one-line
+  ValueError (a pass the table lacks: its own)."""
   if rule != "cost":
     return ()
-  if not callable(getattr(costs, "chain_cost", None)):
+  if not callable(getattr(costs, "entry_cost", None)):
     raise ValueError(f"rule 'cost' needs costs=sj.CostTable measured for this run "
                      f"(sj.CostTable.measure), got {costs!r}")
-  if tree_widths is None:
-    return tuple(float(costs.chain_cost(k)) for k in choices)
-  return tuple(float(costs.pass_cost(w)) for w in tree_widths)
+  nodes = (None,) * len(choices) if tree_nodes is None else tree_nodes
+  return tuple(float(costs.entry_cost(k, m)) for k, m in zip(choices, nodes))
