@@ -28,7 +28,8 @@ def _entry(rec: dict) -> dict:
   tps = [n / t for n, t in zip(rec["tokens"], rec["times"])]
   entry = {k: rec[k] for k in ("method", "gamma", "tree", "temperature", "top_k", "top_p",
                                "mesh", "memory")}
-  entry.update({k: rec[k] for k in ("rule", "base", "choices", "passes", "cost_table", "verify")
+  entry.update({k: rec[k] for k in ("rule", "base", "choices", "passes", "draft_widths",
+                                    "cost_table", "verify")
                 if k in rec})
   # The greedy/sampled outputs of the first timed repeat, to compare runs (e.g. one process
   # against several) without storing every token.
@@ -132,7 +133,8 @@ def _adaptive_model(e: dict, base: dict | None) -> None:
     return
   try:
     trees = e["passes"] if e.get("base") in TREE_BASES else None  # a tree menu: its passes
-    cost = costs.CostTable.from_dict(table).menu_cost(e["choices"], counts, trees)
+    cost = costs.CostTable.from_dict(table).menu_cost(e["choices"], counts, trees,
+                                                      e.get("draft_widths"))
   except ValueError:  # a pass the table lacks (a choice never measured): no model
     return
   e["iteration_cost"] = cost / max(sum(counts), 1)

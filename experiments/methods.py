@@ -202,8 +202,10 @@ def _hf_assisted(config, s: dict, models: dict) -> dict:
 # ``adaptive_choices`` of draft lengths of the base method ``adaptive_method``.
 ADAPTIVE_SWEEP = "adaptive_rules"
 ADAPTIVE_BASES = ("speculative", "self_speculative", "prompt_lookup", "jacobi", "retrieval",
-                  "suffix")
-TREE_BASES = ("retrieval", "suffix")  # tree methods: an entry k is their tree cut to depth k
+                  "suffix", "tree")
+# Tree methods: an entry k is their tree cut to depth k ("tree": config.adaptive_tree's)
+TREE_BASES = ("retrieval", "suffix", "tree")
+ADAPTIVE_TREE_KINDS = STATIC_TREE_KINDS + ("dynamic",)  # adaptive_tree: drafted by the draft
 ADAPTIVE_RULES = options.ADAPTIVE_RULES
 DRAFT_MODEL_BASES = ("speculative", "self_speculative")  # the confidence rule's: a draft's law
 
@@ -222,8 +224,18 @@ def adaptive_passes(config, base: str, menu) -> tuple[int, ...]:
   ``sj.Retrieval.at_depth`` cuts it)."""
   if base not in TREE_BASES:
     return tuple(int(k) for k in menu)
+  if base == "tree":  # config.adaptive_tree cut to each depth (sj.Tree / sj.DynamicTree.at_depth)
+    tree = tree_of(config.adaptive_tree)[0]
+    return tuple(tree.at_depth(int(k)).num_nodes if k else 0 for k in menu)
   return tuple(options.depth_budget(int(k), int(config.retrieval_nodes),
                                     int(config.retrieval_branches)) if k else 0 for k in menu)
+
+
+def adaptive_draft_widths(config, menu) -> tuple[tuple[int, ...], ...]:
+  """Each entry's draft passes, by tokens, of a menu over ``config.adaptive_tree`` (base
+  "tree"; ``sj.Tree.draft_pass_widths``): what the cost table prices besides the target pass."""
+  tree = tree_of(config.adaptive_tree)[0]
+  return tuple(tree.at_depth(int(k)).draft_pass_widths if k else () for k in menu)
 
 
 def adaptive_table(cost: dict, base: str, temperature: float = 0.0) -> dict | None:
@@ -234,7 +246,8 @@ def adaptive_table(cost: dict, base: str, temperature: float = 0.0) -> dict | No
   sampled = (cost.get("sampled") or {}).get(f"{float(temperature):g}", {}).get(base)
   if temperature > 0 and sampled:
     return sampled
-  where = {"speculative": cost, "self_speculative": cost.get("self_speculative") or {}}
+  where = {"speculative": cost, "tree": cost,
+           "self_speculative": cost.get("self_speculative") or {}}
   return where.get(base, cost.get("draft_free") or {}).get("table")
 
 
@@ -244,7 +257,8 @@ def _adaptive(config, s: dict, models: dict):
   import specjax as sj
   base = METHODS[s["base"]]
   table = s.get("cost_table")
-  return sj.Adaptive(base.build(config, dict(s, method=base.name), models),
+  tree = config.adaptive_tree if base.name == "tree" else s.get("tree")
+  return sj.Adaptive(base.build(config, dict(s, method=base.name, tree=tree), models),
                      choices=tuple(s["choices"]), rule=s["rule"],
                      costs=sj.CostTable.from_dict(table) if table else None,
                      decay=float(config.adaptive_decay), prior=float(config.adaptive_prior),

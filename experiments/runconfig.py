@@ -22,9 +22,10 @@ from experiments import prompts as prompts_lib
 from experiments.errors import ConfigError
 from experiments.methods import METHODS as METHODS_TABLE
 from experiments.methods import (ADAPTIVE_BASES, ADAPTIVE_RULES, ADAPTIVE_SWEEP,
-                                 DRAFT_MODEL_BASES, HEAD_SWEEP, NO_DATASTORE, adaptive_menu,
-                                 adaptive_passes, parse_head_tree_spec, parse_lookahead_spec,
-                                 parse_tree_spec)
+                                 ADAPTIVE_TREE_KINDS, DRAFT_MODEL_BASES, HEAD_SWEEP, NO_DATASTORE,
+                                 adaptive_draft_widths, adaptive_menu, adaptive_passes,
+                                 parse_head_tree_spec, parse_lookahead_spec, parse_tree_spec,
+                                 tree_of)
 from specjax import options
 
 # The methods a config may list, and everything about them: experiments/methods.py.
@@ -81,10 +82,12 @@ def setting(config, method: str, value, temperature: float = 0.0, mesh: str = ""
   sweep = METHODS_TABLE[method].sweep
   if sweep == ADAPTIVE_SWEEP:  # gamma: the largest choice (the cache room, what reports read)
     menu = adaptive_menu(config.adaptive_choices, value)
+    drafted = ({"draft_widths": adaptive_draft_widths(config, menu)}
+               if config.adaptive_method == "tree" else {})  # a draft's tree: its passes too
     return dict(method=method, gamma=menu[-1], tree=None, rule=value, choices=menu,
                 passes=adaptive_passes(config, config.adaptive_method, menu),
                 base=config.adaptive_method, temperature=float(temperature),
-                top_k=int(config.top_k), top_p=float(config.top_p), mesh=mesh)
+                top_k=int(config.top_k), top_p=float(config.top_p), mesh=mesh, **drafted)
   gamma_sweep = sweep == "gammas" or (sweep == HEAD_SWEEP and not isinstance(value, str))
   lossy = method in TYPICAL_METHODS and config.head_verify == "typical" and temperature > 0
   return dict(method=method, gamma=value if gamma_sweep else None,
@@ -137,11 +140,15 @@ def base_config() -> ml_collections.ConfigDict:
   # Method "adaptive" (sj.Adaptive): a draft length per iteration from the menu adaptive_choices
   # (0 = plain decoding) over adaptive_method (speculative, self_speculative, prompt_lookup,
   # jacobi; or retrieval / suffix, whose entry k is their tree cut to depth k: retrieval_branches
-  # nodes a level within retrieval_nodes), one setting per rule of adaptive_rules: "cost" (the
-  # run's measured cost table), "schedule" (HF's +2/-1), "confidence" (the draft stops below
-  # adaptive_threshold; draft-model bases only; its menu is every length 1..the largest choice).
+  # nodes a level within retrieval_nodes; or tree, below), one setting per rule of
+  # adaptive_rules: "cost" (the run's measured cost table), "schedule" (HF's +2/-1),
+  # "confidence" (the draft stops below adaptive_threshold; draft-model bases only; its menu is
+  # every length 1..the largest choice).
   # decay / prior / forget: the acceptance estimates' (cost rule); margin: its hysteresis.
   c.adaptive_method = "speculative"
+  # adaptive_method "tree": the draft's tree (a full / chains / comb / dynamic spec, as in
+  # config.trees) cut to each depth of the menu (a dynamic tree's nodes prorated by depth)
+  c.adaptive_tree = "dynamic:6x4x24"
   c.adaptive_choices = (0, 1, 2, 3, 4, 6)
   c.adaptive_rules = ADAPTIVE_RULES
   for name, value in options.ADAPTIVE_DEFAULTS.items():  # sj.Adaptive's own defaults
@@ -483,6 +490,15 @@ def _check_adaptive(config) -> None:
                         f"{', '.join(ADAPTIVE_RULES)}")
   if len(set(rules)) != len(rules):
     raise ConfigError(f"adaptive_rules lists a rule twice: {list(rules)}")
+  if config.adaptive_method == "tree":
+    kind = parse_tree_spec(config.adaptive_tree)[0]
+    if kind not in ADAPTIVE_TREE_KINDS:
+      raise ConfigError(f"adaptive_tree {config.adaptive_tree!r}: a menu cuts a draft's tree "
+                        f"({', '.join(ADAPTIVE_TREE_KINDS)}) to depths, not a {kind} spec")
+    depth = tree_of(config.adaptive_tree)[0].max_depth
+    if max(config.adaptive_choices) > depth:
+      raise ConfigError(f"adaptive_choices {list(config.adaptive_choices)} go deeper than "
+                        f"adaptive_tree {config.adaptive_tree!r} ({depth} levels)")
   if "confidence" in rules and config.adaptive_method not in DRAFT_MODEL_BASES:
     raise ConfigError(f"adaptive rule 'confidence' stops a draft model by its own probabilities; "
                       f"adaptive_method {config.adaptive_method!r} has none (use "

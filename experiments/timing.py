@@ -49,6 +49,7 @@ def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths
 
   cost: dict = {}
   tree_nodes, passes = passes_of(TREE, HEAD), passes_of(PASS)
+  draft_widths = menu_draft_widths(settings)
   heads = {m: models[METHODS[m].head] for m in config.methods if METHODS[m].head}
   spec_gammas, self_gammas = chain_gammas(config, CHAIN), chain_gammas(config, SELF)
   context, cache_len = _context(config, prompt_lengths, [
@@ -63,7 +64,7 @@ def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths
     pair = {r: models[r] for r in ("target", "draft") if r in models}
     cost = costs.measure_step_costs(pair, batch, context, cache_len + max(passes, default=0),
                                     widths=widths, gammas=spec_gammas if "draft" in pair else (),
-                                    heads=heads)
+                                    heads=heads, draft_widths=draft_widths)
     if "draft" in pair:
       _log(f"[run]   target step {cost['target_step_ms']:.3f} ms, draft step "
            f"{cost['draft_step_ms']:.3f} ms: c = {cost['cost_ratio']:.3f}")
@@ -94,6 +95,14 @@ def measure_run_costs(config, models: dict, settings: list[dict], prompt_lengths
   return cost
 
 
+def menu_draft_widths(settings: list[dict], temperature: float | None = None) -> tuple[int, ...]:
+  """The draft passes (by tokens, over one) of the adaptive menus over a draft's tree among
+  ``settings`` (at ``temperature`` when given): what their cost table must price."""
+  return tuple(sorted({w for s in settings for entry in s.get("draft_widths") or ()
+                       for w in entry if w > 1
+                       and (temperature is None or s["temperature"] == temperature)}))
+
+
 def _context(config, prompt_lengths: list[int], widest) -> tuple[int, int]:
   """(context, cache length) of the run's timings: the mean prompt plus half the new tokens in
   the cache, room for the longest prompt, the new tokens and the ``widest`` pass's drafts."""
@@ -122,14 +131,20 @@ def sampled_tables(config, models: dict, settings: list[dict], prompt_lengths: l
                      for p in s["passes"] if p > 0})
       context, cache_len = _context(config, prompt_lengths, menu)
       kind = METHODS[base].cost_model
+      drafted: dict = {}
       if kind == PASS:  # one target pass over the pending token and the candidates
         pair, widths, gammas = {"target": models["target"]}, (1, *(k + 1 for k in menu)), ()
+      elif kind == TREE:  # a draft's tree: its draft passes and the target's over the nodes
+        pair, widths, gammas = ({"target": models["target"], "draft": models["draft"]},
+                                (1, *(k + 1 for k in menu)), ())
+        drafted["draft_widths"] = menu_draft_widths(
+            [s for s in chosen if s["base"] == base], t)
       else:
         draft = (models["draft"] if kind == CHAIN
                  else skip_layers(models["target"], tuple(config.skip)))
         pair, widths, gammas = {"target": models["target"], "draft": draft}, (1,), tuple(menu)
       _log(f"[run] measuring {base}'s passes at T = {t:g} (adaptive menu {menu})")
       table = costs.measure(pair, batch, context, cache_len, widths=widths, gammas=gammas,
-                            sampling=sampling)[0].to_dict()
+                            sampling=sampling, **drafted)[0].to_dict()
       out.setdefault(f"{t:g}", {})[base] = table
   return out

@@ -44,17 +44,19 @@ def _next_token(key: jax.Array, logits: jax.Array, sampling: Sampling) -> jax.Ar
 
 
 def _steps_fn():
-  @functools.partial(jax.jit, static_argnums=(0, 4, 5), donate_argnums=3)
-  def steps(graphdef, state, tokens, cache, k, sampling):
+  @functools.partial(jax.jit, static_argnums=(0, 4, 5, 6), donate_argnums=3)
+  def steps(graphdef, state, tokens, cache, k, sampling, project_last=False):
     """``k`` forward steps in one ``fori_loop``, each writing at the same cache slots and feeding
     its next token (``_next_token``: the argmax, or a draw at T > 0) to the next (a data
-    dependence, as in decoding): per-step cost without dispatch."""
+    dependence, as in decoding): per-step cost without dispatch. ``project_last``: only the
+    last token's logits (a draft tree's pass), else every token's (a verification pass)."""
     model = nnx.merge(graphdef, state)
     lengths = cache.lengths
+    logits_at = tokens.shape[1] - 1 if project_last else None
 
     def body(i, carry):
       tokens, cache = carry
-      logits, cache = model(tokens, cache.with_lengths(lengths))
+      logits, cache = model(tokens, cache.with_lengths(lengths), logits_at=logits_at)
       nxt = _next_token(jax.random.fold_in(jax.random.key(0), i), logits, sampling)
       return jnp.broadcast_to(nxt[:, None].astype(tokens.dtype), tokens.shape), cache
 
@@ -180,7 +182,7 @@ def _hydra_steps_fn():
 
 def time_passes(models: dict, batch: int, context: int, cache_length: int, widths: tuple,
                 gammas: tuple, heads: dict | None, steps_per_call: int, min_seconds: float,
-                max_iters: int, sampling: Sampling) -> dict:
+                max_iters: int, sampling: Sampling, draft_widths: tuple = ()) -> dict:
   """The raw timings behind ``specjax.costs.measure`` (which checks the arguments and documents
   the jobs): medians in seconds per job and the milliseconds and ratios derived from them."""
   steps, iterations, head_steps = _steps_fn(), _bare_iterations_fn(), _head_steps_fn()
@@ -192,14 +194,14 @@ def time_passes(models: dict, batch: int, context: int, cache_length: int, width
         jnp.full((batch,), context, jnp.int32))
   cache_for = lambda model: cache_for_config(model.config)
 
-  def step_job(model, w):
+  def step_job(model, w, project_last=False):
     graphdef, state = nnx.split(model)
     carry = {"cache": cache_for(model)}
     tokens = jnp.ones((batch, w), jnp.int32)
 
     def run():
-      out, carry["cache"] = steps(graphdef, state, tokens, carry["cache"], k,
-                                    sampling)
+      out, carry["cache"] = steps(graphdef, state, tokens, carry["cache"], k, sampling,
+                                  project_last)
       return out
     return run
 
@@ -216,6 +218,8 @@ def time_passes(models: dict, batch: int, context: int, cache_length: int, width
   for role, model in sj_models.items():
     for w in (widths if role == "target" else (1,)):
       jobs[f"{role}_w{w}"] = step_job(model, w)
+  for w in draft_widths:  # a draft tree's passes: one projection each
+    jobs[f"draft_w{w}"] = step_job(sj_models["draft"], w, project_last=True)
   if "draft" in sj_models:
     target_split, draft_split = nnx.split(sj_models["target"]), nnx.split(sj_models["draft"])
     for g in gammas:

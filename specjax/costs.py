@@ -68,7 +68,9 @@ class CostTable:
   and threads), so the table holds the measured bare iterations as well.
 
   ``verify``: T -> v(T), a target pass over T tokens (``verify[1]`` is 1.0 by definition);
-  ``draft_step``: c, one draft step (0 for draft-free methods); ``iteration``: gamma -> a measured
+  ``draft_step``: c, one draft step (0 for draft-free methods); ``draft_pass``: T -> a draft
+  pass over T > 1 tokens that projects one of them onto the vocabulary (a draft tree's level;
+  ``draft_pass_cost``); ``iteration``: gamma -> a measured
   bare iteration (gamma draft steps, then a gamma + 1 token pass); ``head_step``: an EAGLE head's
   c by name; ``target_step_ms``: the unit, in milliseconds; ``device``: where it was measured;
   ``sampling``: the ``sj.Sampling`` its steps and iterations ran at (greedy by default: a sampled
@@ -77,6 +79,7 @@ class CostTable:
 
   verify: dict[int, float]
   draft_step: float = 0.0
+  draft_pass: dict[int, float] = dataclasses.field(default_factory=dict)
   iteration: dict[int, float] = dataclasses.field(default_factory=dict)
   head_step: dict[str, float] = dataclasses.field(default_factory=dict)
   batch: int
@@ -102,6 +105,7 @@ class CostTable:
       raise ValueError(f"sampling = {self.sampling!r} must be an sj.Sampling")
     fields = dict(
         verify=verify, draft_step=_cost("draft_step", self.draft_step, allow_zero=True),
+        draft_pass=_costs_by_int("draft_pass", self.draft_pass),
         iteration=_costs_by_int("iteration", self.iteration),
         head_step={n: _cost(f"head_step[{n!r}]", v) for n, v in sorted(self.head_step.items())},
         batch=checked_int("batch", self.batch, 1), context=checked_int("context", self.context, 0),
@@ -127,27 +131,45 @@ class CostTable:
       return self.iteration[gamma]
     return gamma * self.draft_step + self.pass_cost(gamma + 1)
 
-  def entry_cost(self, gamma: int, tree_nodes: int | None = None) -> float:
+  def draft_pass_cost(self, tokens: int) -> float:
+    """A draft pass over ``tokens`` tokens in target steps: c for one (``draft_step``), else a
+    measured ``draft_pass`` (no interpolation, as for ``pass_cost``)."""
+    if tokens == 1 and self.draft_step > 0:
+      return self.draft_step
+    if tokens not in self.draft_pass:
+      raise ValueError(f"no measured draft pass over {tokens!r} tokens (widths measured: "
+                       f"{sorted(self.draft_pass)}{', and 1' if self.draft_step > 0 else ''})")
+    return self.draft_pass[tokens]
+
+  def entry_cost(self, gamma: int, tree_nodes: int | None = None,
+                 draft_widths: tuple[int, ...] = ()) -> float:
     """One iteration of an ``sj.Adaptive`` menu entry, in target steps: a chain of ``gamma``
-    drafts (``chain_cost``), or a draft-free tree ``gamma`` deep of ``tree_nodes`` nodes, whose
-    iteration is its one pass, ``v(tree_nodes + 1)``; plain decoding (``gamma`` 0) is 1.0."""
+    drafts (``chain_cost``), or a tree ``gamma`` deep of ``tree_nodes`` nodes: its draft
+    passes over ``draft_widths`` tokens each (none for a draft-free tree) and its target pass,
+    ``sum_w draft_pass_cost(w) + v(tree_nodes + 1)``; plain decoding (``gamma`` 0) is 1.0.
+    The sum leaves out what the two models cost more run in turn than timed apart (a chain's
+    measured bare iteration holds it)."""
     if tree_nodes is None or checked_int("gamma", gamma, 0) == 0:
       return self.chain_cost(gamma)
-    return self.pass_cost(checked_int("tree_nodes", tree_nodes, 1) + 1)
+    drafting = sum(self.draft_pass_cost(checked_int("draft width", w, 1)) for w in draft_widths)
+    return drafting + self.pass_cost(checked_int("tree_nodes", tree_nodes, 1) + 1)
 
-  def menu_cost(self, choices, counts, tree_nodes=None) -> float:
+  def menu_cost(self, choices, counts, tree_nodes=None, draft_widths=None) -> float:
     """What iterations cost in target steps when ``counts[i]`` of them ran menu entry i
-    (``choices[i]`` drafts; with ``tree_nodes``, a tree of ``tree_nodes[i]`` nodes) (an
-    ``sj.Adaptive`` run's ``DecodeStats.choice_counts``): ``sum_i counts_i entry_cost(i)``; an
-    entry never chosen needs no pass in the table."""
+    (``choices[i]`` drafts; with ``tree_nodes``, a tree of ``tree_nodes[i]`` nodes drafted in
+    passes over ``draft_widths[i]`` tokens) (an ``sj.Adaptive`` run's
+    ``DecodeStats.choice_counts``): ``sum_i counts_i entry_cost(i)``; an entry never chosen
+    needs no pass in the table."""
     nodes = [None] * len(choices) if tree_nodes is None else list(tree_nodes)
-    return sum(int(n) * self.entry_cost(int(k), m) for k, n, m in zip(choices, counts, nodes)
-               if n)
+    widths = [()] * len(choices) if draft_widths is None else list(draft_widths)
+    return sum(int(n) * self.entry_cost(int(k), m, tuple(w))
+               for k, n, m, w in zip(choices, counts, nodes, widths) if n)
 
   def to_dict(self) -> dict:
     """A JSON-able dict (int keys as strings), tagged with the format."""
     return {"format": FORMAT, "verify": {str(k): v for k, v in self.verify.items()},
             "draft_step": self.draft_step,
+            "draft_pass": {str(k): v for k, v in self.draft_pass.items()},
             "iteration": {str(k): v for k, v in self.iteration.items()},
             "head_step": dict(self.head_step), "batch": self.batch, "context": self.context,
             "target_step_ms": self.target_step_ms, "device": self.device,
@@ -187,6 +209,7 @@ class CostTable:
       raise ValueError(f"sampling = {sampling!r} must be an object of temperature, top_k, top_p")
     return cls(**{**{k: v for k, v in data.items() if k in names},
                   "verify": by_int("verify"), "iteration": by_int("iteration"),
+                  "draft_pass": by_int("draft_pass"),
                   "sampling": Sampling(**sampling)})
 
   def to_json(self) -> str:
@@ -220,30 +243,33 @@ class CostTable:
   def measure(cls, target, draft=None, *, batch: int, context: int, cache_length: int,
               widths=(1,), gammas=(), heads: dict | None = None, steps_per_call: int = 16,
               min_seconds: float = 0.3, max_iters: int = 100,
-              sampling: Sampling = Sampling(temperature=0.0)) -> CostTable:
+              sampling: Sampling = Sampling(temperature=0.0), draft_widths=()) -> CostTable:
     """The table timed on the running device (``measure``: the target at each width in
-    ``widths``, the draft's step, bare iterations at ``gammas``, the ``heads``' steps), at
-    ``sampling`` (the run's: sampled iterations cost more than greedy ones)."""
+    ``widths``, the draft's step and its passes over ``draft_widths`` tokens, bare iterations
+    at ``gammas``, the ``heads``' steps), at ``sampling`` (the run's: sampled iterations cost
+    more than greedy ones)."""
     models = {"target": target} if draft is None else {"target": target, "draft": draft}
     return measure(models, batch, context, cache_length, widths=widths, gammas=gammas,
                    heads=heads, steps_per_call=steps_per_call, min_seconds=min_seconds,
-                   max_iters=max_iters, sampling=sampling)[0]
+                   max_iters=max_iters, sampling=sampling, draft_widths=draft_widths)[0]
 
 
 def measure(models: dict, batch: int, context: int, cache_length: int, *, widths=(1,),
             gammas=(), heads: dict | None = None, steps_per_call: int = 16,
             min_seconds: float = 0.3, max_iters: int = 100,
-            sampling: Sampling = GREEDY) -> tuple[CostTable, dict]:
+            sampling: Sampling = GREEDY, draft_widths=()) -> tuple[CostTable, dict]:
   """The one timing of the passes: a ``CostTable`` and the raw timings (``measure_step_costs``'s
   dict, which carries the table as ``"table"``); the jobs are ``specjax.cost_timing``'s.
 
   Median seconds of one decoding step of each model (``models``: ``{"target": ...}`` or
   ``{"target": ..., "draft": ...}``; target at every width in ``widths`` and at width 1, the
-  unit; draft at width 1) at ``batch`` rows, with ``context`` tokens already in a cache of
-  ``cache_length`` slots; and, for each ``gammas`` entry, of one bare speculative iteration
-  (``_bare_iterations_fn``: gamma draft steps, then a gamma + 1 token target pass and the
-  exact rule). Steps and iterations run at ``sampling`` (greedy by default; module docstring),
-  which the table records: a run at T > 0 should decide by a table measured at its sampling.
+  unit; draft at width 1 and at each width of ``draft_widths``, there projecting one token onto
+  the vocabulary, as a draft tree's passes do) at ``batch`` rows, with ``context`` tokens
+  already in a cache of ``cache_length`` slots; and, for each ``gammas`` entry, of one bare
+  speculative iteration (``_bare_iterations_fn``: gamma draft steps, then a gamma + 1 token
+  target pass and the exact rule). Steps and iterations run at ``sampling`` (greedy by
+  default; module docstring), which the table records: a run at T > 0 should decide by a table
+  measured at its sampling.
 
   Each call runs ``steps_per_call`` steps inside one jitted ``fori_loop``, as the decoding loop
   does, so the per-call dispatch cost (which dwarfs a tiny draft's step when timed one jitted call
@@ -269,7 +295,10 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
   gammas = tuple(checked_int("gamma", g, 1) for g in gammas)
   if gammas and "draft" not in models:
     raise ValueError(f"gammas {list(gammas)} need a draft: a bare iteration runs one")
-  widest = max(widths + tuple(g + 1 for g in gammas))
+  draft_widths = tuple(sorted({checked_int("draft width", w, 2) for w in draft_widths}))
+  if draft_widths and "draft" not in models:
+    raise ValueError(f"draft_widths {list(draft_widths)} need a draft")
+  widest = max(widths + draft_widths + tuple(g + 1 for g in gammas))
   if context + widest > checked_int("cache_length", cache_length, 1):
     raise ValueError(f"cache_length {cache_length} holds no {widest}-token pass after context "
                      f"{context}")
@@ -277,11 +306,12 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
     raise ValueError(f"sampling must be an sj.Sampling, got {sampling!r}")
   result = cost_timing.time_passes(
       dict(models), batch, context, cache_length, widths, gammas, heads, int(steps_per_call),
-      min_seconds, max_iters, sampling)
+      min_seconds, max_iters, sampling, draft_widths)
   medians = result["seconds"]
   unit = medians["target_w1"]
   table = CostTable(verify={w: medians[f"target_w{w}"] / unit for w in widths},
                     draft_step=result.get("cost_ratio", 0.0),
+                    draft_pass={w: medians[f"draft_w{w}"] / unit for w in draft_widths},
                     iteration={g: medians[f"iteration_g{g}"] / unit for g in gammas},
                     head_step=dict(result.get("head_cost_ratio", {})), batch=batch,
                     context=context, target_step_ms=result["target_step_ms"],
@@ -293,14 +323,15 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
 def measure_step_costs(models: dict, batch: int, context: int, cache_length: int,
                        widths=(1,), gammas=(), steps_per_call: int = 16,
                        min_seconds: float = 0.3, max_iters: int = 100,
-                       heads: dict | None = None, sampling: Sampling = GREEDY) -> dict:
+                       heads: dict | None = None, sampling: Sampling = GREEDY,
+                       draft_widths=()) -> dict:
   """``measure``'s raw timings, the runner's ``cost`` dict: milliseconds (``target_step_ms``,
   ``draft_step_ms``, ``target_verify_ms`` by extra tokens, ``iteration_ms`` by gamma,
   ``head_step_ms``), the ratios to a target step (``cost_ratio``, ``head_cost_ratio``), the
   medians in seconds, and the ``CostTable`` as ``table`` (``CostTable.to_dict``)."""
   return measure(models, batch, context, cache_length, widths=widths, gammas=gammas, heads=heads,
                  steps_per_call=steps_per_call, min_seconds=min_seconds, max_iters=max_iters,
-                 sampling=sampling)[1]
+                 sampling=sampling, draft_widths=draft_widths)[1]
 
 
 def modelled_speedup(alpha: float, gamma: int, iteration_cost: float, busy: float = 1.0) -> float:

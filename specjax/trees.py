@@ -142,6 +142,18 @@ class Tree:
     _check_positive(num=num, depth=depth)
     return cls.from_paths([(i,) + (0,) * d for i in range(num) for d in range(depth)])
 
+  def at_depth(self, depth: int) -> "Tree":
+    """The tree cut to its first ``depth`` levels (the nodes at most ``depth`` deep, in their
+    order): an ``sj.Adaptive`` menu entry of a draft-model tree method, whose levels are the full
+    tree's, so that a level's acceptance is the same in every entry."""
+    _check_positive(depth=depth)
+    if depth > self.max_depth:
+      raise ValueError(f"depth {depth} exceeds the tree's depth {self.max_depth}")
+    kept = np.flatnonzero(self.depths <= depth)
+    index = {int(node): i for i, node in enumerate(kept)}
+    return Tree(parents=tuple(index[self.parents[n]] if self.parents[n] >= 0 else -1
+                              for n in kept), ranks=tuple(self.ranks[n] for n in kept))
+
   # --------------------------------------------------------------------------- derived arrays
 
   @property
@@ -231,6 +243,14 @@ class Tree:
     """int32[N + 1]: the depths of ``[pending, nodes]`` (0 for the pending token)."""
     return np.concatenate([[0], self.depths]).astype(np.int32)
 
+  @property
+  def draft_pass_widths(self) -> tuple[int, ...]:
+    """The tokens of each draft pass growing this tree level by level (``sj.TreeSpeculative``;
+    ``specjax.proposers.draft_tree``): level d's over the root and the nodes at most d deep,
+    then the last over all N + 1 (storing their keys and values); what ``sj.CostTable`` prices."""
+    depths = self.verification_depths
+    return tuple(int(np.sum(depths <= d)) for d in range(self.max_depth)) + (self.num_nodes + 1,)
+
   def __repr__(self) -> str:
     return f"Tree(nodes={self.num_nodes}, depth={self.max_depth}, leaves={int(self.is_leaf.sum())})"
 
@@ -259,6 +279,18 @@ class DynamicTree:
     if self.nodes > MAX_NODES:
       raise ValueError(f"a token tree of {self.nodes} nodes exceeds the limit of {MAX_NODES}")
 
+  def at_depth(self, depth: int) -> "DynamicTree":
+    """The tree grown ``depth`` levels (an ``sj.Adaptive`` menu entry) with the same ``width``
+    and a node budget prorated by depth, ``nodes x depth / self.depth`` rounded up (at least
+    ``depth``, at most what ``depth`` levels grow), so that each level keeps about as many
+    nodes as in the full tree."""
+    _check_positive(depth=depth)
+    if depth > self.depth:
+      raise ValueError(f"depth {depth} exceeds the tree's depth {self.depth}")
+    pool = self.width + (depth - 1) * self.width ** 2
+    return DynamicTree(depth=depth, width=self.width,
+                       nodes=min(pool, max(depth, -(-self.nodes * depth // self.depth))))
+
   @property
   def pool_size(self) -> int:
     """Candidates grown: ``width`` children of the root, then ``width^2`` per further level."""
@@ -273,6 +305,13 @@ class DynamicTree:
     """The deepest a verified node can be (a level-``depth`` node is kept only if its parents
     are)."""
     return min(self.depth, self.nodes)
+
+  @property
+  def draft_pass_widths(self) -> tuple[int, ...]:
+    """The tokens of each draft pass growing this tree (``specjax.proposers.dynamic_tree``):
+    level l's over the root and the ``width`` nodes expanded at each earlier level, then the
+    last over ``nodes + 1``."""
+    return tuple(1 + (lvl - 1) * self.width for lvl in range(1, self.depth + 1)) + (self.nodes + 1,)
 
   @property
   def ranks(self) -> tuple[int, ...]:

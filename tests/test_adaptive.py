@@ -1,17 +1,21 @@
 """``sj.Adaptive``: a menu of draft lengths chosen per iteration (``specjax.proposers.adaptive``).
 
 1. Greedy: the wrapped chain methods under the rules (Speculative: cost, confidence; PromptLookup:
-   cost; Jacobi: schedule; SelfSpeculative and the schedule on a draft in 2.) return
-   ``Autoregressive``'s tokens (ragged batch, EOS); the choice histogram counts every iteration.
+   cost; Jacobi: schedule; SelfSpeculative and the schedule on a draft in 2.) and the tree menus
+   (Retrieval's; TreeSpeculative's static and dynamic trees) return ``Autoregressive``'s tokens
+   (ragged batch, EOS); the choice histogram counts every iteration.
 2. Choices: the cost rule follows the costs (prohibitive drafts: plain decoding only; free
    drafts that are always right: the largest entry only); a draft skipped at choice 0 catches up
    with the text (a self-draft, q = p, forced to alternate 0 and 3 still has every draft
    accepted; the same with the catch-up removed does not); before it resumes, the catch-up
-   scores the draft's guesses at the plain tokens against a one-pass reference (T = 0 and > 0);
+   scores the draft's guesses at the plain tokens against a one-pass reference (T = 0 and > 0;
+   a draft's tree: whether the token is among its first level's top guesses); a skipped tree
+   draft's cache equals one pass over the text;
    the margin keeps the last choice; the schedule moves +2/-1.
 3. Law: the harness over gamma_max + 3 tokens, every row its own batch of one so that the
    choices follow each row's own past, with a menu that really switches (histogram asserted),
-   for the cost, schedule and confidence rules; a rule that peeks at this iteration's verdict
+   for the cost, schedule and confidence rules, and tree menus (draft-free; a draft's tree with
+   sampled children); a rule that peeks at this iteration's verdict
    before choosing is rejected by the same test.
 4. Errors: one line each, naming the bad value.
 """
@@ -57,6 +61,18 @@ def table(verify=(1.0, 1.3, 1.6, 1.9), draft_step=0.1) -> sj.CostTable:
                       batch=1, context=8, target_step_ms=1.0, device="by hand")
 
 
+def tree_table(slope: float = 0.1, draft_step: float = 0.1, sampling=S(0.0)) -> sj.CostTable:
+  """A table by hand for trees of up to 15 nodes: v(T) = 1 + slope (T - 1), a draft pass over T
+  tokens ``draft_step`` (1 + 0.1 (T - 1))."""
+  widths = range(1, 17)
+  return sj.CostTable(verify={t: 1.0 + slope * (t - 1) for t in widths}, draft_step=draft_step,
+                      draft_pass={t: draft_step * (1 + 0.1 * (t - 1)) for t in widths if t > 1},
+                      batch=1, context=8, target_step_ms=1.0, device="by hand",
+                      sampling=sampling)
+
+
+DRAFT_TREES = {"static": sj.Tree.full(depth=3, branching=2),  # 2, 6, 14 nodes at depths 1-3
+               "dynamic": sj.DynamicTree(depth=3, width=2, nodes=6)}  # 2, 4, 6 nodes
 FLAT = table((1.0, 1.0, 1.0, 1.0), 0.0)  # drafting is free: the largest entry always pays
 PROHIBITIVE = table((1.0, 9.0, 9.0, 9.0), 5.0)  # never pays
 
@@ -96,10 +112,28 @@ class GreedyTest(parameterized.TestCase):
     """Retrieval's per-request trees cut to depths 1, 2 and 3 (2, 4 and 6 nodes): a ragged batch
     (row 2 stops at EOS after two tokens, the others run on repeating text) returns
     ``Autoregressive``'s tokens, through more than one entry of the menu."""
-    target = random_transformer(TF_CONFIG, 0)
     trees = sj.Retrieval(None, num_tokens=3, nodes=6, branches=2, samples=8, per_request=True)
     method = sj.Adaptive(trees, choices=MENU, costs=table(tuple(1.0 + 0.1 * t for t in range(7)),
                                                           0.0), rule=rule)
+    out, counts = self.greedy_tree_menu(method)
+    self.assertGreaterEqual(int(np.sum(counts > 0)), 2, msg=str(counts))
+    self.assertGreater(int(np.sum(out.stats.accepted)), 0)
+
+  @parameterized.named_parameters(("static", "static"), ("dynamic", "dynamic"))
+  def test_draft_tree_menu_matches_autoregressive(self, kind):
+    """``TreeSpeculative``'s static and dynamic trees cut to depths 1-3: a ragged batch (row 2
+    stops at EOS early) returns ``Autoregressive``'s tokens through more than one entry, plain
+    decoding among them (the skipped draft catching up)."""
+    trees = sj.TreeSpeculative(noisy_copy(TF_CONFIG, 0), DRAFT_TREES[kind])
+    _, counts = self.greedy_tree_menu(sj.Adaptive(trees, choices=MENU,
+                                                  costs=tree_table(0.15, 0.05)))
+    self.assertGreater(counts[0], 0, msg=str(counts))
+    self.assertGreater(counts[1:].sum(), 0, msg=str(counts))
+
+  def greedy_tree_menu(self, method):
+    """(output, choice histogram) of ``method`` on a ragged batch (row 2 stops at EOS after two
+    tokens), its tokens ``Autoregressive``'s and its histogram counting every iteration."""
+    target = random_transformer(TF_CONFIG, 0)
     expected = greedy_reference(TF_CONFIG, 2 * GREEDY_NEW)
     eos = int(expected[2, 1])
     out = sj.generate(target, GREEDY_PROMPTS, method, max_new_tokens=2 * GREEDY_NEW,
@@ -107,8 +141,7 @@ class GreedyTest(parameterized.TestCase):
     np.testing.assert_array_equal(np.asarray(out.tokens), truncate_at_eos(expected, eos))
     counts = np.asarray(out.stats.choice_counts)
     self.assertEqual(counts.sum(), int(out.stats.target_calls) - 1)
-    self.assertGreaterEqual(int(np.sum(counts > 0)), 2, msg=str(counts))
-    self.assertGreater(int(np.sum(out.stats.accepted)), 0)
+    return out, counts
 
 
 class ChoiceTest(absltest.TestCase):
@@ -182,6 +215,54 @@ class ChoiceTest(absltest.TestCase):
     stale = run(S(1.0), (draft_chain, "sync", lambda draft, state, *a: state))
     self.assertLess(stale.stats.expected_alpha, 0.999)
 
+  def test_skipped_tree_draft_catches_up(self):
+    """A draft-model tree's skipped draft: ``sync`` feeds its cache the committed text it lacks
+    (static and dynamic trees' proposers; keys and values equal to one pass over the text);
+    end to end, with the target as the draft and the rule forced to alternate plain decoding
+    and the 3-deep static tree, every tree iteration of every row accepts all 3 levels (T = 0,
+    top-k children; T = 1, sampled children, the first accepted with probability
+    min(1, p / q) = 1)."""
+    target = random_transformer(TF_CONFIG, 0)
+    rng = np.random.default_rng(5)
+    capacity, prompt_lengths, lengths = 24, np.asarray([3, 5]), np.asarray([11, 9])
+    text = rng.integers(0, TF_CONFIG.vocab_size, (2, capacity)).astype(np.int32)
+    full = target(jnp.asarray(text), init_cache(TF_CONFIG, 2, capacity))[1]
+    for kind in DRAFT_TREES:
+      with self.subTest(kind=kind):
+        method = sj.Adaptive(sj.TreeSpeculative(target, DRAFT_TREES[kind]), choices=MENU,
+                             costs=tree_table())
+        proposer, params = method.proposer(target)
+        state = proposer.prefill(params, jnp.asarray(text[:, :5]), jnp.asarray(prompt_lengths),
+                                 capacity).inner
+        synced = proposer.largest.sync(params, state, jnp.asarray(text), jnp.asarray(lengths),
+                                       4).cache
+        np.testing.assert_array_equal(np.asarray(synced.lengths), lengths)
+        for b in range(2):
+          for got, want in zip(synced.k + synced.v, full.k + full.v):
+            np.testing.assert_allclose(np.asarray(got)[b, :, :lengths[b]],
+                                       np.asarray(want)[b, :, :lengths[b]], atol=1e-5)
+
+    def alternate(self, params, state, pending, keys, sampling, active, remaining):
+      del self, params, pending, keys, sampling, active, remaining
+      return jnp.where(state.text.lengths[0] % 5 < 2, 0, 3).astype(jnp.int32), state
+
+    for sampling in (S(0.0), S(1.0)):
+      method = sj.Adaptive(sj.TreeSpeculative(random_transformer(TF_CONFIG, 0),
+                                              DRAFT_TREES["static"]),
+                           choices=MENU, costs=dataclasses.replace(tree_table(),
+                                                                   sampling=sampling))
+      with patched(((adaptive_lib.AdaptiveProposer, "choose", alternate),)):
+        out = sj.generate(target, GREEDY_PROMPTS, method, sampling, 3 * GREEDY_NEW,
+                          key=jax.random.key(0))
+      counts = np.asarray(out.stats.choice_counts)
+      self.assertGreater(counts[0], 2, msg=str(counts))
+      self.assertGreater(counts[3], 2, msg=str(counts))
+      self.assertEqual(int(np.asarray(out.stats.accepted_length_counts)[3]),
+                       len(GREEDY_PROMPTS) * int(counts[3]))
+      if sampling.is_greedy:
+        np.testing.assert_array_equal(np.asarray(out.tokens),
+                                      greedy_reference(TF_CONFIG, 3 * GREEDY_NEW))
+
   def test_look_scores_the_skipped_drafts_guesses(self):
     """In a plain stretch (rule "cost") a skipped draft catches up with the text and its guess
     after each of the last ``LOOK_SCORED`` tokens is scored against the plain token that came;
@@ -192,6 +273,43 @@ class ChoiceTest(absltest.TestCase):
     at position 0's new estimate; the inactive row unchanged."""
     target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
     method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=table(), decay=0.2)
+
+    def chain_value(logits, token, p, sampling):
+      if sampling.is_greedy:
+        return float(np.argmax(logits) == token)
+      q = np.asarray(sampling_lib.probabilities(jnp.asarray(logits), sampling))
+      return min(1.0, q[token] / p)
+
+    proposer, params, state, pending, active, lengths = self.check_look(
+        target, draft, method, chain_value)
+    self.check_look_schedule(target, draft, proposer, params, state, pending, active, lengths)
+
+  def test_look_scores_a_trees_first_level(self):
+    """A draft-model tree's look: where the first level is the draft's top k guesses (top-k
+    children at any temperature, every tree at T = 0), a guess scores whether the target's
+    token is among them (its mean: the level's acceptance under the one-hot rule); sampled
+    children at T > 0 score as a chain's one draft."""
+    target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
+
+    def top2(logits, token, p, sampling):
+      del p, sampling
+      return float(token in np.argsort(-logits)[:2])
+
+    for children in ("top_k", "sampled"):
+      method = sj.Adaptive(sj.TreeSpeculative(draft, DRAFT_TREES["static"], children=children),
+                           choices=MENU, costs=tree_table(), decay=0.2)
+      if children == "top_k":
+        self.check_look(target, draft, method, top2)
+        continue
+      chain = lambda logits, token, p, sampling: (
+          top2(logits, token, p, sampling) if sampling.is_greedy else min(1.0, np.asarray(
+              sampling_lib.probabilities(jnp.asarray(logits), sampling))[token] / p))
+      self.check_look(target, draft, method, chain)
+
+  def check_look(self, target, draft, method, value):
+    """``method``'s look against the reference (``value(logits float[V], token, p,
+    sampling)``: a scored guess's value) at T = 0, 1 and 0.8 with top-k 5; returns (proposer,
+    params, state, pending, active, lengths)."""
     proposer, params = method.proposer(target)
     rng = np.random.default_rng(3)
     capacity, prompt_lengths, lengths = 24, np.asarray([3, 5, 4]), np.asarray([14, 11, 12])
@@ -220,11 +338,7 @@ class ChoiceTest(absltest.TestCase):
         for t in range(first, lengths[b] + 1):
           if plain_p[b, t] == 0:
             continue
-          if sampling.is_greedy:
-            values.append(float(np.argmax(logits[b, t - 1]) == text[b, t]))
-          else:
-            q = np.asarray(sampling_lib.probabilities(jnp.asarray(logits[b, t - 1]), sampling))
-            values.append(min(1.0, q[text[b, t]] / plain_p[b, t]))
+          values.append(value(logits[b, t - 1], text[b, t], plain_p[b, t], sampling))
         kept = 0.8 ** len(values)
         self.assertEqual(len(values), (4, 3)[b])  # row 1's token 8 came from speculation
         np.testing.assert_allclose(got[b, 0], kept * 0.5 + (1 - kept) * np.mean(values),
@@ -233,6 +347,10 @@ class ChoiceTest(absltest.TestCase):
         # deeper positions (not scored by a look) capped at the first's estimate
         np.testing.assert_allclose(got[b, 1:], min(0.5, got[b, 0]), rtol=1e-6)
       np.testing.assert_array_equal(got[2], 0.5)  # the inactive row: nothing scored
+    return proposer, params, state, pending, active, lengths
+
+  def check_look_schedule(self, target, draft, proposer, params, state, pending, active,
+                          lengths):
     # In the loop a skipped draft follows the text ``look_span`` plain tokens (twice the
     # largest choice) at a time, whatever the estimates say: before that the rule stays plain
     # without a catch-up however good resuming looks; then it looks however bad.
@@ -616,6 +734,18 @@ class LawTest(absltest.TestCase):
     self.assertEqual(method.tree_nodes, (0, 2, 4, 6))  # passes over 1, 3, 5 and 7 tokens
     self.assert_lossless_unless_peeking(method, "adaptive_tree", "adaptive_tree_peeking")
 
+  def test_draft_tree_menu_and_a_peeking_rule(self):
+    """A static tree drafted by a model, sampled children (the recursive rule), cut to depths
+    1-3: the cost rule switches between plain decoding and trees, and the law holds; peeking
+    at the verdict breaks it."""
+    _, draft = law_pair()
+    trees = sj.TreeSpeculative(draft, sj.Tree.from_paths([(0,), (1,), (0, 0), (0, 0, 0)]))
+    method = sj.Adaptive(trees, choices=MENU, costs=tree_table(0.15, 0.05, S(1.0)), prior=0.6)
+    self.assertEqual(method.tree_nodes, (0, 2, 3, 4))
+    self.assertEqual(method.draft_widths, ((), (1, 3), (1, 3, 4), (1, 3, 4, 5)))
+    self.assert_lossless_unless_peeking(method, "adaptive_draft_tree",
+                                        "adaptive_draft_tree_peeking")
+
   def test_schedule_and_confidence_rules(self):
     _, draft = law_pair()
     schedule = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, rule="schedule")
@@ -635,6 +765,7 @@ class ErrorTest(absltest.TestCase):
     _, inner = methods()
     spec = inner["speculative"]
     trees = sj.Retrieval(None, num_tokens=3, nodes=6, branches=2, per_request=True)
+    drafted = sj.TreeSpeculative(spec.draft, sj.Tree.full(depth=2, branching=2))
     cases = [
         (dict(method=sj.Lookahead()), "wraps a chain method .*got Lookahead"),
         (dict(method=spec, rule="greedy"), "rule must be one of .*'greedy'"),
@@ -651,8 +782,12 @@ class ErrorTest(absltest.TestCase):
         (dict(method=spec, choices=(0, 1, 6), costs=FLAT), "7"),  # no pass over 7 tokens
         (dict(method=inner["prompt_lookup"], choices=(1, 2), rule="confidence"),
          "confidence rule .*PromptLookup has none"),
-        (dict(method=sj.TreeSpeculative(spec.draft, sj.Tree.full(depth=2, branching=2))),
-         "a tree method with at_depth \\(Retrieval\\), got TreeSpeculative"),
+        (dict(method=drafted, choices=(0, 1, 2), costs=table()),
+         "no measured draft pass over 3 tokens"),  # depth 1: the root, then it and 2 nodes
+        (dict(method=drafted, choices=(0, 3), costs=tree_table()),
+         "depth 3 exceeds the tree's depth 2"),
+        (dict(method=drafted, choices=(1, 2), rule="confidence"),
+         "confidence rule .*TreeSpeculative has none"),
         (dict(method=trees, choices=(0, 1, 3), costs=table()),
          "no measured pass over 7 tokens"),  # depth 3: 6 nodes and the pending token
         (dict(method=trees, choices=(1, 2), rule="confidence"),

@@ -66,6 +66,26 @@ class CostTableTest(absltest.TestCase):
     self.assertAlmostEqual(table.menu_cost((0, 1, 2, 3), (5, 1, 2, 0), (0, 2, 3, 5)),
                            5 + 1.25 + 2 * 1.5)  # the 3-deep tree's 6-token pass: never run
 
+  def test_a_draft_trees_entry_cost(self):
+    """A tree drafted by a model: its draft passes (c for a one-token pass, else the measured
+    ``draft_pass`` over that many tokens) and its target pass; a width never measured is an
+    error naming it and the widths there are."""
+    table = _table(draft_pass={3: 0.15, 4: 0.18})
+    self.assertEqual(table.draft_pass_cost(1), 0.1)
+    self.assertEqual(table.draft_pass_cost(3), 0.15)
+    self.assertAlmostEqual(table.entry_cost(2, tree_nodes=3, draft_widths=(1, 3, 4)),
+                           0.1 + 0.15 + 0.18 + 1.5)
+    with self.assertRaisesRegex(ValueError, r"^no measured draft pass over 5 tokens \(widths "
+                                            r"measured: \[3, 4\], and 1\)$"):
+      table.entry_cost(2, tree_nodes=3, draft_widths=(1, 5))
+    self.assertAlmostEqual(
+        table.menu_cost((0, 1, 2), (4, 2, 1), (0, 2, 3), ((), (1, 3), (1, 3, 4))),
+        4 + 2 * (0.1 + 0.15 + 1.25) + (0.1 + 0.15 + 0.18 + 1.5))
+    again = CostTable.from_json(table.to_json())
+    self.assertEqual(again.draft_pass, {3: 0.15, 4: 0.18})
+    self.assertEqual(CostTable.from_dict({k: v for k, v in table.to_dict().items()
+                                          if k != "draft_pass"}).draft_pass, {})  # older tables
+
   def test_normalised_and_frozen(self):
     verify = {1: 1, 3: 1.25}
     table = _table(verify=verify, iteration={})
@@ -184,6 +204,11 @@ class MeasureTest(absltest.TestCase):
     self.assertEqual(sorted(table.iteration), [2])
     self.assertGreater(table.iteration[2], 0)
     self.assertEqual(table.chain_cost(2), table.iteration[2])
+    self.assertEqual(table.draft_pass, {})
+    trees = CostTable.measure(self.target, self.draft, batch=2, context=5, cache_length=16,
+                              draft_widths=(3, 7), **FAST)
+    self.assertEqual(sorted(trees.draft_pass), [3, 7])
+    self.assertGreater(min(trees.draft_pass.values()), 0)
     self.assertEqual(sorted(table.head_step), ["eagle"])
     self.assertGreater(table.head_step["eagle"], 0)
     self.assertEqual((table.batch, table.context), (2, 5))
@@ -251,6 +276,11 @@ class MeasureTest(absltest.TestCase):
         (dict(widths=(0,)), r"^width = 0 must be an int >= 1$"),
         (dict(batch=0), r"^batch = 0 must be an int >= 1$"),
         (dict(widths=(8,)), r"^cache_length 10 holds no 8-token pass after context 5$"),
+        (dict(draft_widths=(3,)), r"^draft_widths \[3\] need a draft$"),
+        (dict(models={"target": self.target, "draft": self.draft}, draft_widths=(1,)),
+         r"^draft width = 1 must be an int >= 2$"),
+        (dict(models={"target": self.target, "draft": self.draft}, draft_widths=(6,)),
+         r"^cache_length 10 holds no 6-token pass after context 5$"),
     ):
       with self.subTest(message=message):
         args = {"models": target, "batch": 1, "context": 5, "cache_length": 10, **kwargs}

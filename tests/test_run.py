@@ -692,6 +692,37 @@ class AdaptiveTreeMenuRunTest(absltest.TestCase):
     self.assertGreater(sum(rows["schedule"]["choice_counts"][1:]), 0)  # the trees ran
     self.assertIn("adaptive schedule (suffix 0..3)", proc.stdout)
 
+  def test_draft_tree_menu(self):
+    """``adaptive_method=tree``: the draft's tree (``adaptive_tree``, a static tree here, a
+    dynamic one at T = 1) cut to each depth; each entry's target and draft passes measured
+    (the sampled table at T = 1) and priced; the greedy tokens autoregressive decoding's."""
+    from specjax.costs import CostTable
+    with tempfile.TemporaryDirectory() as tmp:
+      proc, _ = _run("--config=configs/tiny.py:adaptive_rules=schedule/cost,"
+                     "adaptive_choices=0/1/2/3", f"--config.output_dir={tmp}",
+                     "--config.methods=autoregressive,adaptive", "--config.adaptive_method=tree",
+                     "--config.adaptive_tree=full:3x2", "--config.temperatures=0,1",
+                     "--config.repeats=1", "--config.max_new_tokens=16",
+                     "--config.progress=False", "--config.plots=False")
+      self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+      results = json.loads(pathlib.Path(tmp, "results.json").read_text())
+    rows = {(e["rule"], e["temperature"]): e for e in results["settings"]
+            if e["method"] == "adaptive"}
+    self.assertLen(rows, 4)
+    for (rule, temperature), e in rows.items():
+      self.assertEqual((e["base"], e["passes"]), ("tree", [0, 2, 6, 14]))
+      self.assertEqual(e["draft_widths"], [[], [1, 3], [1, 3, 7], [1, 3, 7, 15]])
+      if temperature == 0:
+        self.assertEqual(e["greedy_match"], 1.0, msg=rule)
+      table = CostTable.from_dict(e["cost_table"])
+      self.assertEqual(sorted(table.draft_pass), [3, 7, 15])
+      self.assertEqual(table.sampling.temperature, temperature)  # T = 1: the sampled table
+      self.assertAlmostEqual(e["iteration_cost"] * sum(e["choice_counts"]),
+                             table.menu_cost(e["choices"], e["choice_counts"], e["passes"],
+                                             e["draft_widths"]))
+    self.assertGreater(sum(rows["schedule", 0.0]["choice_counts"][1:]), 0)  # the trees ran
+    self.assertIn("adaptive schedule (tree 0..3)", proc.stdout)
+
 
 class GpuCheckScriptTest(absltest.TestCase):
   """experiments/gpu_check.sh (run by hand on an accelerator): every stage's command line parses

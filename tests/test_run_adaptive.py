@@ -177,7 +177,14 @@ class AdaptiveConfigTest(parameterized.TestCase):
       ("confidence_without_a_draft", "adaptive_method=prompt_lookup",
        "adaptive rule 'confidence' stops a draft model by its own probabilities; adaptive_method "
        "'prompt_lookup' has none"),
-      ("bad_base", "adaptive_method=tree", "adaptive_method must be one of"),
+      ("bad_base", "adaptive_method=lookahead", "adaptive_method must be one of"),
+      ("tree_of_another_kind", "adaptive_method=tree,adaptive_tree=spectr:2x3,adaptive_rules=cost",
+       "adaptive_tree 'spectr:2x3': a menu cuts a draft's tree (full, chains, comb, dynamic) to "
+       "depths, not a spectr spec"),
+      ("tree_too_shallow", "adaptive_method=tree,adaptive_tree=full:3x2,adaptive_rules=cost",
+       "adaptive_choices [0, 1, 2, 3, 4, 6] go deeper than adaptive_tree 'full:3x2' (3 levels)"),
+      ("tree_confidence", "adaptive_method=tree,adaptive_choices=1/2",
+       "adaptive_method 'tree' has none"),
       ("decreasing_choices", "adaptive_choices=0/3/2", "increasing without repeats, got [0, 3, 2]"),
       ("negative_choice", "adaptive_choices=-1/2", "integers >= 0 (0: plain decoding), got [-1, 2]"),
       ("no_draft_length", "adaptive_choices=0", "a draft length >= 1, got [0]"),

@@ -56,6 +56,25 @@ class ConstructionTest(parameterized.TestCase):
       self.assertEqual([tree.parents[n] for n in path], [-1] + list(path[:-1]))
     self.assertEqual(sj.Tree.chains(num=1, depth=5).parents, (-1, 0, 1, 2, 3))
 
+  def test_at_depth(self):
+    """A static tree cut to its first levels keeps exactly the paths that short (an adaptive
+    menu's entries); a dynamic tree keeps its width, its node budget prorated by depth."""
+    paths = [(0,), (1,), (0, 0), (1, 0), (1, 1), (0, 0, 0), (1, 1, 0), (2,)]
+    tree = sj.Tree.from_paths(paths)
+    for depth in (1, 2, 3):
+      self.assertEqual(tree.at_depth(depth),
+                       sj.Tree.from_paths([p for p in paths if len(p) <= depth]))
+    with self.assertRaisesRegex(ValueError, "depth 4 exceeds the tree's depth 3"):
+      tree.at_depth(4)
+    with self.assertRaisesRegex(ValueError, "depth must be an integer >= 1, got 0"):
+      tree.at_depth(0)
+    dynamic = sj.DynamicTree(depth=5, width=4, nodes=18)
+    self.assertEqual([dynamic.at_depth(k) for k in (1, 2, 5)],
+                     [sj.DynamicTree(1, 4, 4), sj.DynamicTree(2, 4, 8), dynamic])
+    self.assertEqual(sj.DynamicTree(depth=4, width=2, nodes=4).at_depth(1).nodes, 1)
+    with self.assertRaisesRegex(ValueError, "depth 6 exceeds the tree's depth 5"):
+      dynamic.at_depth(6)
+
   @parameterized.parameters(
       sj.Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (1, 1), (0, 0, 0), (1, 1, 0)]),
       sj.Tree.full(depth=3, branching=2),

@@ -145,6 +145,20 @@ class TreeSpeculative:
     """The most tokens one iteration can accept (the tree's depth), as for a chain."""
     return self.tree.max_depth
 
+  @property
+  def nodes(self) -> int:
+    return self.tree.num_nodes
+
+  def at_depth(self, depth: int) -> TreeSpeculative:
+    """The method with its tree cut to ``depth`` levels (``sj.Adaptive``'s tree menu:
+    ``sj.Tree.at_depth``, ``sj.DynamicTree.at_depth``)."""
+    return dataclasses.replace(self, tree=self.tree.at_depth(depth))
+
+  @property
+  def draft_pass_widths(self) -> tuple[int, ...]:
+    """The tokens of each of an iteration's draft passes (what ``sj.CostTable`` prices)."""
+    return self.tree.draft_pass_widths
+
   def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
     check_tree(self.tree, self.draft, target, width, max_new_tokens, what)
 
@@ -319,9 +333,10 @@ class Lookahead:
 class Adaptive:
   """Speculate only as much as pays: ``method`` (a chain method: ``Speculative``,
   ``SelfSpeculative``, ``PromptLookup`` or ``Jacobi``; or a tree method with ``at_depth``:
-  ``Retrieval``, its tree cut to a depth) run with a draft length (a tree's depth) chosen before
-  each iteration from the menu ``choices`` (0: plain decoding), all entries compiled into the one
-  loop (a loop per entry, each of its own static pass shape; ``specjax.proposers.adaptive``).
+  ``Retrieval`` or ``TreeSpeculative``, its tree cut to a depth) run with a draft length (a
+  tree's depth) chosen before each iteration from the menu ``choices`` (0: plain decoding), all
+  entries compiled into the one loop (a loop per entry, each of its own static pass shape;
+  ``specjax.proposers.adaptive``).
 
   ``rule``: ``"cost"`` (default) picks the entry with the most modelled tokens per unit of
   ``costs`` (an ``sj.CostTable`` measured on the device, batch and context the run uses), from
@@ -353,22 +368,32 @@ class Adaptive:
     if type(self.method) not in ADAPTIVE_LENGTH and not hasattr(self.method, "at_depth"):
       names = ", ".join(sorted(m.__name__ for m in ADAPTIVE_LENGTH))
       raise ValueError(f"sj.Adaptive wraps a chain method ({names}) or a tree method with "
-                       f"at_depth (Retrieval), got {type(self.method).__name__}")
+                       f"at_depth (Retrieval, TreeSpeculative), got {type(self.method).__name__}")
     object.__setattr__(self, "choices", adaptive_lib.check_menu(self.choices, self.rule))
     adaptive_lib.check_settings(self.decay, self.prior, self.forget, self.threshold,
                                 self.margin, self.drift)
     if self.rule == "confidence" and not isinstance(self.method, (Speculative, SelfSpeculative)):
       raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
                        f"{type(self.method).__name__} has none")
-    adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_nodes)
+    adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
+                            self.draft_widths)
 
   @property
   def tree_nodes(self) -> tuple[int, ...] | None:
-    """Each entry's tree nodes (0 for plain decoding) for a tree method, whose iteration is one
-    pass over them and the pending token (``CostTable.entry_cost``); None for a chain method."""
+    """Each entry's tree nodes (0 for plain decoding) for a tree method, whose target pass is
+    over them and the pending token (``CostTable.entry_cost``); None for a chain method."""
     if type(self.method) in ADAPTIVE_LENGTH:
       return None
     return tuple(self.at(k).nodes if k else 0 for k in self.choices)
+
+  @property
+  def draft_widths(self) -> tuple[tuple[int, ...], ...] | None:
+    """Each entry's draft passes, by tokens (``()`` for plain decoding and a draft-free tree),
+    for a tree method (``CostTable.entry_cost``); None for a chain method."""
+    if type(self.method) in ADAPTIVE_LENGTH:
+      return None
+    return tuple(tuple(getattr(self.at(k), "draft_pass_widths", ())) if k else ()
+                 for k in self.choices)
 
   @property
   def gamma(self) -> int:
@@ -397,7 +422,8 @@ class Adaptive:
     shadow = None if hasattr(built[-1][0], "sync") else build(1)[0]
     return AdaptiveProposer(
         proposers=proposers, choices=self.choices, rule=self.rule,
-        costs=adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_nodes),
+        costs=adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
+                                      self.draft_widths),
         decay=float(self.decay), prior=float(self.prior), forget=float(self.forget),
         threshold=float(self.threshold), vocab_size=target.config.vocab_size,
         margin=float(self.margin), shadow=shadow, drift=self.drift), built[-1][1]

@@ -1,9 +1,10 @@
 """Adaptive speculation: a menu of draft lengths (0 = plain decoding), one chosen per iteration.
 
-``sj.Adaptive`` (``specjax.decoding.methods``) wraps a chain method, or a draft-free tree method
-whose menu cuts its tree to each depth (``Retrieval.at_depth``: a level's acceptance is then
-estimated like a chain position's, from whether the level was reached, and an entry costs its
-one pass); this proposer holds one proposer per menu entry, all sharing one state (room for the
+``sj.Adaptive`` (``specjax.decoding.methods``) wraps a chain method, or a tree method whose menu
+cuts its tree to each depth (``Retrieval.at_depth``, draft-free; ``TreeSpeculative.at_depth``, a
+draft's static or dynamic tree: a level's acceptance is then estimated like a chain position's,
+from whether the level was reached, and an entry costs its draft passes and its target pass);
+this proposer holds one proposer per menu entry, all sharing one state (room for the
 largest entry), and the loop runs each entry in a loop of its own static pass shape
 (``specjax.decoding.loop``); the model's arithmetic is ``specjax.proposers.adaptive_model``. The
 choice is made before the iteration from past iterations only (and, for the confidence rule,
@@ -38,7 +39,8 @@ Rules (``RULES``):
   the next span, up to ``LOOK_BACKOFF`` x, until it speculates again): fed the plain tokens, its
   guesses after the last ``LOOK_SCORED`` of them are scored against the tokens the target drew
   (the match at T = 0, ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is
-  ``sum_x min(p, q)``), and the choice is made with that; the deeper positions, which a look does
+  ``sum_x min(p, q)``; a tree whose first level is the draft's top k: whether the token is among
+  them), and the choice is made with that; the deeper positions, which a look does
   not score, are capped at the first's new estimate. Its estimates do not drift in plain
   iterations: a resumption rests on what the draft would have done at the end of the stretch,
   at two draft passes per span (the catch-up it would need anyway, and the scored tokens).
@@ -247,15 +249,24 @@ class AdaptiveProposer:
     The observation is the acceptance that guess would have had, in expectation over the
     target's draw: at T = 0 the match; at T > 0 ``min(1, q(x) / p(x))`` for the token x the
     target drew from p, whose mean is ``sum_x min(p, q)``, the acceptance of a draft drawn from
-    q (Leviathan et al. 2023, Sec. 3.1). Past tokens only."""
+    q (Leviathan et al. 2023, Sec. 3.1). A tree whose first level is the draft's top k guesses
+    (greedy, or top-k children at T > 0; ``first_level_top``): whether x is among them, whose
+    mean is p of those guesses, the level's acceptance under the one-hot rule (sampled
+    children: the chain's value, the acceptance of one child). Past tokens only."""
     text = state.text.with_pending(pending)
     rows = jnp.arange(pending.shape[0])[:, None]
+    # A tree's first level (the shallowest entry's): its top guesses, deterministic children
+    shallowest = next(p for p in self.proposers if p is not None)
+    top = shallowest.first_level_top(sampling) if hasattr(shallowest, "first_level_top") else 0
 
     def score(logits, guesses, cols, fed):
       nxt = jnp.minimum(cols + 1, text.tokens.shape[1] - 1)
       token = jnp.maximum(text.tokens[rows, nxt], 0)
       p = state.plain_p[rows, nxt]
-      if sampling.is_greedy:  # the draft's greedy guess, as ``draft_chain.draw`` makes it
+      if top > 1 or (top == 1 and not sampling.is_greedy):  # a tree's top guesses: the hit
+        value = jnp.any(jax.lax.top_k(logits, top)[1] == token[..., None], axis=-1).astype(
+            jnp.float32)
+      elif sampling.is_greedy:  # the draft's greedy guess, as ``draft_chain.draw`` makes it
         value = (guesses == token).astype(jnp.float32)
       else:
         q = jnp.take_along_axis(sampling_lib.probabilities(logits, sampling), token[..., None],
@@ -425,15 +436,18 @@ def check_settings(decay, prior, forget, threshold, margin=0.0, drift="prior") -
 
 
 def menu_costs(costs, choices: tuple[int, ...], rule: str,
-               tree_nodes: tuple[int, ...] | None = None) -> tuple[float, ...]:
+               tree_nodes: tuple[int, ...] | None = None,
+               draft_widths: tuple[tuple[int, ...], ...] | None = None) -> tuple[float, ...]:
   """Each entry's iteration cost in target steps from ``costs`` (an ``sj.CostTable``'s
-  ``entry_cost``: a chain's, or a draft-free tree's one pass over ``tree_nodes[i]`` nodes,
-  ``sj.Adaptive.tree_nodes``) for the cost rule (``()`` for the others), or a one-line
-  ValueError (a pass the table lacks: its own)."""
+  ``entry_cost``: a chain's, or a tree's draft passes over ``draft_widths[i]`` tokens and its
+  target pass over ``tree_nodes[i]`` nodes, ``sj.Adaptive.tree_nodes`` / ``draft_widths``) for
+  the cost rule (``()`` for the others), or a one-line ValueError (a pass the table lacks: its
+  own)."""
   if rule != "cost":
     return ()
   if not callable(getattr(costs, "entry_cost", None)):
     raise ValueError(f"rule 'cost' needs costs=sj.CostTable measured for this run "
                      f"(sj.CostTable.measure), got {costs!r}")
   nodes = (None,) * len(choices) if tree_nodes is None else tree_nodes
-  return tuple(float(costs.entry_cost(k, m)) for k, m in zip(choices, nodes))
+  widths = ((),) * len(choices) if draft_widths is None else draft_widths
+  return tuple(float(costs.entry_cost(k, m, w)) for k, m, w in zip(choices, nodes, widths))

@@ -160,43 +160,53 @@ def propose_confident(draft: Transformer, state: DraftChainState, pending: jax.A
 
 def sync(draft: Transformer, state: DraftChainState, text: jax.Array, lengths: jax.Array,
          width: int, score=None, greedy: bool = False):
-  """Feeds the draft the committed text it has not seen (``text[b, :lengths[b]]`` is the row's
-  text, the target cache's contents): after iterations that skipped the draft (an adaptive
-  method's plain-decoding choice) the draft is behind by several tokens; ``width`` of them per
-  draft pass, as many passes as the furthest-behind row needs (none when no row is). A row whose
-  only missing token is its ``last_draft`` (``behind``) is left to ``propose``.
+  """Feeds the draft the committed text it has not seen (``catch_up``): after iterations that
+  skipped the draft (an adaptive method's plain-decoding choice) the draft is behind by several
+  tokens. A row whose only missing token is its ``last_draft`` (``behind``) is left to
+  ``propose``. Returns the state, or (state, the two sums) with ``score``."""
+  cache, behind, sums = catch_up(draft, state.cache, state.behind, text, lengths, width, score,
+                                 greedy)
+  state = state.replace(cache=cache, behind=behind)
+  return state if score is None else (state, sums)
+
+
+def catch_up(draft: Transformer, cache: KVCache, behind: jax.Array, text: jax.Array,
+             lengths: jax.Array, width: int, score=None, greedy: bool = False):
+  """Feeds the draft's ``cache`` the committed text it has not seen (``text[b, :lengths[b]]``
+  is the row's text, the target cache's contents), ``width`` tokens per draft pass, as many
+  passes as the furthest-behind row needs (none when no row is); a row ``behind`` (bool[B]: its
+  cache lacks one token that its next proposal feeds itself) lags only if it lacks more.
 
   ``score`` (optional): ``score(logits float32[B, width, V], guesses int32[B, width], cols
   int32[B, width], fed bool[B, width]) -> (float32[B], float32[B])``, called on each pass with
   the draft's logits and greedy guesses (``run``'s when ``greedy``, else the logits' argmax) at
   the text columns ``cols`` it fed (``fed``: real text of a row that was behind) and summed over
   the passes: what the draft would have guessed after each of those tokens, for an adaptive
-  method to score against the tokens that came (``specjax.proposers.adaptive``). Returns the
-  state, or (state, the two sums) with ``score``."""
+  method to score against the tokens that came (``specjax.proposers.adaptive``). Returns (the
+  cache, ``behind`` cleared for the rows fed, the two sums: zeros without ``score``)."""
   batch = text.shape[0]
 
-  def lagging(state):
-    return state.cache.lengths + state.behind < lengths
+  def lagging(cache, behind):
+    return cache.lengths + behind < lengths
 
   def feed(carry):
-    state, sums = carry
-    start = state.cache.lengths
+    cache, behind, sums = carry
+    start = cache.lengths
     at = start[:, None] + jnp.arange(width)[None, :]
     cols = jnp.minimum(at, text.shape[1] - 1)
     chunk = jnp.maximum(jnp.take_along_axis(text, cols, axis=1), 0)
     # Slots past a row's text are scratch.
-    logits, guesses, cache = run(draft, chunk, state.cache, greedy=greedy)
-    lag = lagging(state)
+    logits, guesses, fed_cache = run(draft, chunk, cache, greedy=greedy)
+    lag = lagging(cache, behind)
     if score is not None:
       fed = lag[:, None] & (at < lengths[:, None])
       guesses = sampling_lib.greedy(logits) if guesses is None else guesses
       sums = jax.tree.map(jnp.add, sums, score(logits, guesses, cols, fed))
     new = jnp.where(lag, jnp.minimum(start + width, lengths), start)
-    return state.replace(cache=cache.with_lengths(new), behind=state.behind & ~lag), sums
+    return fed_cache.with_lengths(new), behind & ~lag, sums
 
   zeros = (jnp.zeros((batch,), jnp.float32),) * 2
-  state, sums = jax.lax.while_loop(lambda c: jnp.any(lagging(c[0])), feed, (state, zeros))
-  return state if score is None else (state, sums)
+  return jax.lax.while_loop(lambda c: jnp.any(lagging(c[0], c[1])), feed, (cache, behind, zeros))
 
 
 def draw_rest(step, carry, token: jax.Array, q: jax.Array | None, keys: jax.Array):

@@ -40,6 +40,7 @@ from flax import nnx
 from specjax import sampling as sampling_lib
 from specjax.models.kv_cache import KVCache, compact_path, init_cache
 from specjax.options import TREE_CHILDREN as CHILDREN
+from specjax.proposers import draft_chain
 from specjax.proposers.base import TREE, Candidates, Outcome
 from specjax.trees import Tree
 
@@ -66,6 +67,34 @@ def commit(state: DraftTreeState, outcome: Outcome) -> DraftTreeState:
   cache = compact_path(state.cache, o.path)
   return DraftTreeState(cache=cache.with_lengths(
       jnp.where(o.active, o.target_length + 1 + o.num_accepted, o.target_length)))
+
+
+def sync(draft, state: DraftTreeState, text: jax.Array, lengths: jax.Array, width: int,
+         score=None, greedy: bool = False):
+  """The draft's cache caught up with the committed text ``text[b, :lengths[b]]``
+  (``draft_chain.catch_up``, ``width`` tokens a pass): after an adaptive method's plain
+  iterations, which skip the draft. Returns the state, or (state, the sums) with ``score``."""
+  behind = jnp.zeros(text.shape[:1], bool)  # a tree's draft holds all the committed text
+  cache, _, sums = draft_chain.catch_up(draft, state.cache, behind, text, lengths, width, score,
+                                        greedy)
+  state = state.replace(cache=cache)
+  return state if score is None else (state, sums)
+
+
+class SkippableDraft:
+  """What a draft-model tree proposer (``graphdef``, ``first_level_width``) offers
+  ``sj.Adaptive``: a draft that plain iterations skip and ``sync`` catches up."""
+
+  def sync(self, params, state, text, lengths, width: int, score=None, greedy: bool = False):
+    """``sync`` with the draft's weights ``params``."""
+    return sync(nnx.merge(self.graphdef, params), state, text, lengths, width, score, greedy)
+
+  def first_level_top(self, sampling) -> int:
+    """How many of the root's children are the draft's most likely tokens at ``sampling`` (the
+    first level's width; 0 where they are drawn: sampled children at T > 0): a skipped
+    draft's look scores its first guesses by whether the target's token is among that many."""
+    deterministic = sampling.is_greedy or getattr(self, "children", "top_k") == "top_k"
+    return self.first_level_width if deterministic else 0
 
 
 class Growth:
@@ -142,7 +171,7 @@ class StaticTree:
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftTree(StaticTree):
+class DraftTree(StaticTree, SkippableDraft):
   """The proposer of ``sj.TreeSpeculative``; ``graphdef`` is the draft's static graph."""
 
   graphdef: Any
@@ -155,6 +184,10 @@ class DraftTree(StaticTree):
     return self.tree.max_depth + 1
 
   prefill_draft_calls = 1
+
+  @property
+  def first_level_width(self) -> int:
+    return int(np.sum(self.tree.depths == 1))
 
   def prefill(self, params, prompt, prompt_lengths, cache_length):
     return prefill(nnx.merge(self.graphdef, params), prompt, prompt_lengths, cache_length)

@@ -163,7 +163,7 @@ class DynamicSizes:
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftDynamicTree(DynamicSizes):
+class DraftDynamicTree(DynamicSizes, draft_tree.SkippableDraft):
   """The proposer of ``sj.TreeSpeculative(draft, sj.DynamicTree(...))``."""
 
   graphdef: Any
@@ -172,6 +172,12 @@ class DraftDynamicTree(DynamicSizes):
   @property
   def draft_calls_per_iteration(self) -> int:
     return self.spec.depth + 1
+
+  @property
+  def first_level_width(self) -> int:
+    """The most root children verified, ``min(width, nodes)`` (the reranking can drop a
+    first-level node for a likelier grandchild)."""
+    return min(self.spec.width, self.spec.nodes)
 
   prefill_draft_calls = 1
 
