@@ -285,26 +285,31 @@ class ChoiceTest(absltest.TestCase):
     self.check_look_schedule(target, draft, proposer, params, state, pending, active, lengths)
 
   def test_look_scores_a_trees_first_level(self):
-    """A draft-model tree's look: where the first level is the draft's top k guesses (top-k
-    children at any temperature, every tree at T = 0), a guess scores whether the target's
-    token is among them (its mean: the level's acceptance under the one-hot rule); sampled
-    children at T > 0 score as a chain's one draft."""
+    """A draft-model tree's look: where the first level is the draft's guesses of given ranks
+    (top-k children at any temperature, every tree at T = 0), a guess scores whether the
+    target's token is among them (its mean: the level's acceptance under the one-hot rule):
+    ranks 0 and 1 for the full binary tree, 0 and 2 for a tree whose ranks skip one, 0-1 for the
+    dynamic tree; sampled children at T > 0 score as a chain's one draft."""
     target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
 
-    def top2(logits, token, p, sampling):
-      del p, sampling
-      return float(token in np.argsort(-logits)[:2])
+    def among(ranks):
+      return lambda logits, token, p, sampling: float(
+          token in np.argsort(-logits, kind="stable")[list(ranks)])
 
-    for children in ("top_k", "sampled"):
-      method = sj.Adaptive(sj.TreeSpeculative(draft, DRAFT_TREES["static"], children=children),
-                           choices=MENU, costs=tree_table(), decay=0.2)
-      if children == "top_k":
-        self.check_look(target, draft, method, top2)
-        continue
-      chain = lambda logits, token, p, sampling: (
-          top2(logits, token, p, sampling) if sampling.is_greedy else min(1.0, np.asarray(
-              sampling_lib.probabilities(jnp.asarray(logits), sampling))[token] / p))
-      self.check_look(target, draft, method, chain)
+    skipping = sj.Tree.from_paths([(0,), (2,), (0, 0), (2, 0), (0, 0, 0)])
+    for tree, children, ranks in ((DRAFT_TREES["static"], "top_k", (0, 1)),
+                                  (skipping, "top_k", (0, 2)),
+                                  (DRAFT_TREES["dynamic"], None, (0, 1)),
+                                  (DRAFT_TREES["static"], "sampled", (0, 1))):
+      with self.subTest(tree=tree, children=children):
+        method = sj.Adaptive(sj.TreeSpeculative(draft, tree, children=children), choices=MENU,
+                             costs=tree_table(), decay=0.2)
+        value = among(ranks)
+        if children == "sampled":  # at T > 0, drawn: the chain's value
+          value = lambda logits, token, p, sampling, hit=value: (
+              hit(logits, token, p, sampling) if sampling.is_greedy else min(1.0, np.asarray(
+                  sampling_lib.probabilities(jnp.asarray(logits), sampling))[token] / p))
+        self.check_look(target, draft, method, value)
 
   def check_look(self, target, draft, method, value):
     """``method``'s look against the reference (``value(logits float[V], token, p,

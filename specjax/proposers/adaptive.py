@@ -249,23 +249,24 @@ class AdaptiveProposer:
     The observation is the acceptance that guess would have had, in expectation over the
     target's draw: at T = 0 the match; at T > 0 ``min(1, q(x) / p(x))`` for the token x the
     target drew from p, whose mean is ``sum_x min(p, q)``, the acceptance of a draft drawn from
-    q (Leviathan et al. 2023, Sec. 3.1). A tree whose first level is the draft's top k guesses
-    (greedy, or top-k children at T > 0; ``first_level_top``): whether x is among them, whose
-    mean is p of those guesses, the level's acceptance under the one-hot rule (sampled
-    children: the chain's value, the acceptance of one child). Past tokens only."""
+    q (Leviathan et al. 2023, Sec. 3.1). A tree whose first level is the draft's guesses of
+    given ranks (greedy, or top-k children at T > 0; ``first_guesses``): whether x is among
+    them, whose mean is p of those guesses, the level's acceptance under the one-hot rule
+    (sampled children: the chain's value, the acceptance of one child). Past tokens only."""
     text = state.text.with_pending(pending)
     rows = jnp.arange(pending.shape[0])[:, None]
-    # A tree's first level (the shallowest entry's): its top guesses, deterministic children
+    # A tree's first level (the shallowest entry's): the draft's ranks it holds, if not drawn
     shallowest = next(p for p in self.proposers if p is not None)
-    top = shallowest.first_level_top(sampling) if hasattr(shallowest, "first_level_top") else 0
+    ranks = shallowest.first_guesses(sampling) if hasattr(shallowest, "first_guesses") else ()
+    tree_hit = bool(ranks) and (ranks != (0,) or not sampling.is_greedy)
 
     def score(logits, guesses, cols, fed):
       nxt = jnp.minimum(cols + 1, text.tokens.shape[1] - 1)
       token = jnp.maximum(text.tokens[rows, nxt], 0)
       p = state.plain_p[rows, nxt]
-      if top > 1 or (top == 1 and not sampling.is_greedy):  # a tree's top guesses: the hit
-        value = jnp.any(jax.lax.top_k(logits, top)[1] == token[..., None], axis=-1).astype(
-            jnp.float32)
+      if tree_hit:  # a tree's first level, the draft's guesses of those ranks: the hit
+        guessed = jax.lax.top_k(logits, max(ranks) + 1)[1][..., list(ranks)]
+        value = jnp.any(guessed == token[..., None], axis=-1).astype(jnp.float32)
       elif sampling.is_greedy:  # the draft's greedy guess, as ``draft_chain.draw`` makes it
         value = (guesses == token).astype(jnp.float32)
       else:

@@ -82,19 +82,19 @@ def sync(draft, state: DraftTreeState, text: jax.Array, lengths: jax.Array, widt
 
 
 class SkippableDraft:
-  """What a draft-model tree proposer (``graphdef``, ``first_level_width``) offers
+  """What a draft-model tree proposer (``graphdef``, ``first_level_ranks``) offers
   ``sj.Adaptive``: a draft that plain iterations skip and ``sync`` catches up."""
 
   def sync(self, params, state, text, lengths, width: int, score=None, greedy: bool = False):
     """``sync`` with the draft's weights ``params``."""
     return sync(nnx.merge(self.graphdef, params), state, text, lengths, width, score, greedy)
 
-  def first_level_top(self, sampling) -> int:
-    """How many of the root's children are the draft's most likely tokens at ``sampling`` (the
-    first level's width; 0 where they are drawn: sampled children at T > 0): a skipped
-    draft's look scores its first guesses by whether the target's token is among that many."""
+  def first_guesses(self, sampling) -> tuple[int, ...]:
+    """The draft's ranks that the root's children hold at ``sampling`` (0: its most likely
+    token), or () where they are drawn (sampled children at T > 0): a skipped draft's look
+    scores its first guesses by whether the target's token is among those ranks."""
     deterministic = sampling.is_greedy or getattr(self, "children", "top_k") == "top_k"
-    return self.first_level_width if deterministic else 0
+    return self.first_level_ranks if deterministic else ()
 
 
 class Growth:
@@ -186,8 +186,8 @@ class DraftTree(StaticTree, SkippableDraft):
   prefill_draft_calls = 1
 
   @property
-  def first_level_width(self) -> int:
-    return int(np.sum(self.tree.depths == 1))
+  def first_level_ranks(self) -> tuple[int, ...]:
+    return tuple(r for r, d in zip(self.tree.ranks, self.tree.depths) if d == 1)
 
   def prefill(self, params, prompt, prompt_lengths, cache_length):
     return prefill(nnx.merge(self.graphdef, params), prompt, prompt_lengths, cache_length)

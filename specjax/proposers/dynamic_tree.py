@@ -174,10 +174,10 @@ class DraftDynamicTree(DynamicSizes, draft_tree.SkippableDraft):
     return self.spec.depth + 1
 
   @property
-  def first_level_width(self) -> int:
-    """The most root children verified, ``min(width, nodes)`` (the reranking can drop a
-    first-level node for a likelier grandchild)."""
-    return min(self.spec.width, self.spec.nodes)
+  def first_level_ranks(self) -> tuple[int, ...]:
+    """The ranks of the most root children verified, ``min(width, nodes)`` (the reranking can
+    drop a first-level node for a likelier grandchild)."""
+    return tuple(range(min(self.spec.width, self.spec.nodes)))
 
   prefill_draft_calls = 1
 
