@@ -751,6 +751,17 @@ class LawTest(absltest.TestCase):
     self.assert_lossless_unless_peeking(method, "adaptive_draft_tree",
                                         "adaptive_draft_tree_peeking")
 
+  def test_dynamic_tree_menu(self):
+    """The draft's EAGLE-2 dynamic tree (the one-hot rule) grown 1-3 levels (2, 4, 6 nodes):
+    the menu switches and the law holds."""
+    _, draft = law_pair()
+    trees = sj.TreeSpeculative(draft, DRAFT_TREES["dynamic"])
+    method = sj.Adaptive(trees, choices=MENU, costs=tree_table(0.1, 0.05, S(1.0)), prior=0.6)
+    self.assertEqual(method.tree_nodes, (0, 2, 4, 6))
+    result = self.law(method, "adaptive_dynamic_tree")
+    self.assertGreater(result.pvalue, lawcheck.CLEAN_FLOOR, msg=result.summary())
+    self.assert_switches(result)
+
   def test_schedule_and_confidence_rules(self):
     _, draft = law_pair()
     schedule = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, rule="schedule")
