@@ -775,6 +775,29 @@ class LawTest(absltest.TestCase):
     self.assert_switches(result)
 
 
+class PassesTest(absltest.TestCase):
+
+  def test_what_a_table_must_time(self):
+    """``sj.Adaptive.passes``: the target passes, bare iterations and draft passes a menu's
+    prices need, as ``CostTable.measure``'s arguments; a table measured with them prices every
+    entry."""
+    target, inner = methods()
+    draft = inner["speculative"].draft
+    self.assertEqual(sj.Adaptive.passes(inner["speculative"], MENU),
+                     dict(widths=(1, 2, 3, 4), gammas=(1, 2, 3), draft_widths=()))
+    self.assertEqual(sj.Adaptive.passes(inner["prompt_lookup"], (0, 2)),
+                     dict(widths=(1, 3), gammas=(), draft_widths=()))
+    trees = sj.TreeSpeculative(draft, DRAFT_TREES["static"])
+    self.assertEqual(sj.Adaptive.passes(trees, MENU),
+                     dict(widths=(1, 3, 7, 15), gammas=(), draft_widths=(3, 7, 15)))
+    costs = sj.CostTable.measure(target, draft, batch=1, context=4, cache_length=24,
+                                 steps_per_call=2, min_seconds=0.0, max_iters=5,
+                                 **sj.Adaptive.passes(trees, MENU))
+    self.assertLen(sj.Adaptive(trees, choices=MENU, costs=costs).proposer(target)[0].costs, 4)
+    with self.assertRaisesRegex(ValueError, "wraps a chain method"):
+      sj.Adaptive.passes(sj.Lookahead())
+
+
 class ErrorTest(absltest.TestCase):
 
   def test_errors(self):
