@@ -78,11 +78,14 @@ def lookahead_tokens(spec: str) -> int:
 
 
 def tree_of(spec: str):
-  """(``sj.Tree`` or ``sj.DynamicTree``, children rule or None) of a static or dynamic spec."""
+  """(``sj.Tree`` or ``sj.DynamicTree``, children rule or None) of a spec (SpecTr's: its
+  chains' tree)."""
   import specjax as sj
   kind, sizes, children = parse_tree_spec(spec)
   if kind == "dynamic":
     return sj.DynamicTree(depth=sizes[0], width=sizes[1], nodes=sizes[2]), None
+  if kind in ("spectr", "naive"):
+    return sj.Tree.chains(num=sizes[0], depth=sizes[1]), None
   if kind == "full":
     return sj.Tree.full(depth=sizes[0], branching=sizes[1]), children
   if kind == "chains":
@@ -205,7 +208,6 @@ ADAPTIVE_BASES = ("speculative", "self_speculative", "prompt_lookup", "jacobi", 
                   "suffix", "tree")
 # Tree methods: an entry k is their tree cut to depth k ("tree": config.adaptive_tree's)
 TREE_BASES = ("retrieval", "suffix", "tree")
-ADAPTIVE_TREE_KINDS = STATIC_TREE_KINDS + ("dynamic",)  # adaptive_tree: drafted by the draft
 ADAPTIVE_RULES = options.ADAPTIVE_RULES
 DRAFT_MODEL_BASES = ("speculative", "self_speculative")  # the confidence rule's: a draft's law
 

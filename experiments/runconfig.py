@@ -22,7 +22,7 @@ from experiments import prompts as prompts_lib
 from experiments.errors import ConfigError
 from experiments.methods import METHODS as METHODS_TABLE
 from experiments.methods import (ADAPTIVE_BASES, ADAPTIVE_RULES, ADAPTIVE_SWEEP,
-                                 ADAPTIVE_TREE_KINDS, DRAFT_MODEL_BASES, HEAD_SWEEP, NO_DATASTORE,
+                                 DRAFT_MODEL_BASES, HEAD_SWEEP, NO_DATASTORE,
                                  adaptive_draft_widths, adaptive_menu, adaptive_passes,
                                  parse_head_tree_spec, parse_lookahead_spec, parse_tree_spec,
                                  tree_of)
@@ -146,8 +146,9 @@ def base_config() -> ml_collections.ConfigDict:
   # every length 1..the largest choice).
   # decay / prior / forget: the acceptance estimates' (cost rule); margin: its hysteresis.
   c.adaptive_method = "speculative"
-  # adaptive_method "tree": the draft's tree (a full / chains / comb / dynamic spec, as in
-  # config.trees) cut to each depth of the menu (a dynamic tree's nodes prorated by depth)
+  # adaptive_method "tree": the draft's tree (a spec as in config.trees: full, chains, comb,
+  # dynamic, spectr, naive) cut to each depth of the menu (a dynamic tree's nodes prorated by
+  # depth; SpecTr's chains that long)
   c.adaptive_tree = "dynamic:6x4x24"
   c.adaptive_choices = (0, 1, 2, 3, 4, 6)
   c.adaptive_rules = ADAPTIVE_RULES
@@ -491,11 +492,7 @@ def _check_adaptive(config) -> None:
   if len(set(rules)) != len(rules):
     raise ConfigError(f"adaptive_rules lists a rule twice: {list(rules)}")
   if config.adaptive_method == "tree":
-    kind = parse_tree_spec(config.adaptive_tree)[0]
-    if kind not in ADAPTIVE_TREE_KINDS:
-      raise ConfigError(f"adaptive_tree {config.adaptive_tree!r}: a menu cuts a draft's tree "
-                        f"({', '.join(ADAPTIVE_TREE_KINDS)}) to depths, not a {kind} spec")
-    depth = tree_of(config.adaptive_tree)[0].max_depth
+    depth = tree_of(config.adaptive_tree)[0].max_depth  # parse_tree_spec's checks first
     if max(config.adaptive_choices) > depth:
       raise ConfigError(f"adaptive_choices {list(config.adaptive_choices)} go deeper than "
                         f"adaptive_tree {config.adaptive_tree!r} ({depth} levels)")

@@ -119,12 +119,15 @@ class GreedyTest(parameterized.TestCase):
     self.assertGreaterEqual(int(np.sum(counts > 0)), 2, msg=str(counts))
     self.assertGreater(int(np.sum(out.stats.accepted)), 0)
 
-  @parameterized.named_parameters(("static", "static"), ("dynamic", "dynamic"))
+  @parameterized.named_parameters(("static", "static"), ("dynamic", "dynamic"),
+                                  ("spectr", "spectr"))
   def test_draft_tree_menu_matches_autoregressive(self, kind):
-    """``TreeSpeculative``'s static and dynamic trees cut to depths 1-3: a ragged batch (row 2
-    stops at EOS early) returns ``Autoregressive``'s tokens through more than one entry, plain
-    decoding among them (the skipped draft catching up)."""
-    trees = sj.TreeSpeculative(noisy_copy(TF_CONFIG, 0), DRAFT_TREES[kind])
+    """``TreeSpeculative``'s static and dynamic trees and SpecTr's 2 chains cut to depths 1-3:
+    a ragged batch (row 2 stops at EOS early) returns ``Autoregressive``'s tokens through more
+    than one entry, plain decoding among them (the skipped draft catching up)."""
+    draft = noisy_copy(TF_CONFIG, 0)
+    trees = (sj.SpecTr(draft, num_drafts=2, gamma=3) if kind == "spectr" else
+             sj.TreeSpeculative(draft, DRAFT_TREES[kind]))
     _, counts = self.greedy_tree_menu(sj.Adaptive(trees, choices=MENU,
                                                   costs=tree_table(0.15, 0.05)))
     self.assertGreater(counts[0], 0, msg=str(counts))
@@ -750,6 +753,17 @@ class LawTest(absltest.TestCase):
     self.assertEqual(method.draft_widths, ((), (1, 3), (1, 3, 4), (1, 3, 4, 5)))
     self.assert_lossless_unless_peeking(method, "adaptive_draft_tree",
                                         "adaptive_draft_tree_peeking")
+
+  def test_spectr_menu(self):
+    """SpecTr's 2 i.i.d. chains (K-SEQ) cut to lengths 1-3: the menu switches and the law
+    holds."""
+    _, draft = law_pair()
+    method = sj.Adaptive(sj.SpecTr(draft, num_drafts=2, gamma=3), choices=MENU,
+                         costs=tree_table(0.1, 0.05, S(1.0)), prior=0.6)
+    self.assertEqual(method.tree_nodes, (0, 2, 4, 6))
+    result = self.law(method, "adaptive_spectr")
+    self.assertGreater(result.pvalue, lawcheck.CLEAN_FLOOR, msg=result.summary())
+    self.assert_switches(result)
 
   def test_dynamic_tree_menu(self):
     """The draft's EAGLE-2 dynamic tree (the one-hot rule) grown 1-3 levels (2, 4, 6 nodes):

@@ -178,9 +178,8 @@ class AdaptiveConfigTest(parameterized.TestCase):
        "adaptive rule 'confidence' stops a draft model by its own probabilities; adaptive_method "
        "'prompt_lookup' has none"),
       ("bad_base", "adaptive_method=lookahead", "adaptive_method must be one of"),
-      ("tree_of_another_kind", "adaptive_method=tree,adaptive_tree=spectr:2x3,adaptive_rules=cost",
-       "adaptive_tree 'spectr:2x3': a menu cuts a draft's tree (full, chains, comb, dynamic) to "
-       "depths, not a spectr spec"),
+      ("bad_tree_spec", "adaptive_method=tree,adaptive_tree=full:3,adaptive_rules=cost",
+       "tree spec 'full:3': expected KIND:AxB with sizes >= 1"),
       ("tree_too_shallow", "adaptive_method=tree,adaptive_tree=full:3x2,adaptive_rules=cost",
        "adaptive_choices [0, 1, 2, 3, 4, 6] go deeper than adaptive_tree 'full:3x2' (3 levels)"),
       ("tree_confidence", "adaptive_method=tree,adaptive_choices=1/2",

@@ -115,8 +115,21 @@ class SelfSpeculative:
     return DraftChain(graphdef=graphdef, gamma=self.gamma), params
 
 
+class DraftTreeSizes:
+  """What ``sj.Adaptive`` reads of a method whose draft model grows ``self.tree``: its target
+  pass's nodes and its draft passes' tokens (``sj.CostTable.entry_cost``)."""
+
+  @property
+  def nodes(self) -> int:
+    return self.tree.num_nodes
+
+  @property
+  def draft_pass_widths(self) -> tuple[int, ...]:
+    return self.tree.draft_pass_widths
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class TreeSpeculative:
+class TreeSpeculative(DraftTreeSizes):
   """A draft model proposes a token tree; the target verifies every node in one forward under
   the tree mask (SpecInfer, Miao et al. 2024, arXiv 2305.09781; Medusa-style trees, Cai et al.
   2024, arXiv 2401.10774; sampled children without replacement: Sequoia, Chen et al. 2024, arXiv
@@ -145,19 +158,10 @@ class TreeSpeculative:
     """The most tokens one iteration can accept (the tree's depth), as for a chain."""
     return self.tree.max_depth
 
-  @property
-  def nodes(self) -> int:
-    return self.tree.num_nodes
-
   def at_depth(self, depth: int) -> TreeSpeculative:
     """The method with its tree cut to ``depth`` levels (``sj.Adaptive``'s tree menu:
     ``sj.Tree.at_depth``, ``sj.DynamicTree.at_depth``)."""
     return dataclasses.replace(self, tree=self.tree.at_depth(depth))
-
-  @property
-  def draft_pass_widths(self) -> tuple[int, ...]:
-    """The tokens of each of an iteration's draft passes (what ``sj.CostTable`` prices)."""
-    return self.tree.draft_pass_widths
 
   def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
     check_tree(self.tree, self.draft, target, width, max_new_tokens, what)
@@ -171,7 +175,7 @@ class TreeSpeculative:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class SpecTr:
+class SpecTr(DraftTreeSizes):
   """``num_drafts`` i.i.d. draft chains of ``gamma`` tokens, verified in one target pass and
   selected by K-SEQ (SpecTr, Sun et al. 2023, arXiv 2310.15141; ALGORITHMS.md §6).
 
@@ -203,6 +207,10 @@ class SpecTr:
   @property
   def tree(self) -> Tree:
     return Tree.chains(num=self.num_drafts, depth=self.gamma)
+
+  def at_depth(self, depth: int) -> SpecTr:
+    """The method with chains ``depth`` long (``sj.Adaptive``'s menu)."""
+    return dataclasses.replace(self, gamma=depth)
 
   def validate(self, target: Transformer, width: int, max_new_tokens: int, what: str) -> None:
     check_tree(self.tree, self.draft, target, width, max_new_tokens, what)
@@ -333,7 +341,7 @@ class Lookahead:
 class Adaptive:
   """Speculate only as much as pays: ``method`` (a chain method: ``Speculative``,
   ``SelfSpeculative``, ``PromptLookup`` or ``Jacobi``; or a tree method with ``at_depth``:
-  ``Retrieval`` or ``TreeSpeculative``, its tree cut to a depth) run with a draft length (a
+  ``Retrieval``, ``TreeSpeculative`` or ``SpecTr``, its tree cut to a depth) run with a draft length (a
   tree's depth) chosen before each iteration from the menu ``choices`` (0: plain decoding), all
   entries compiled into the one loop (a loop per entry, each of its own static pass shape;
   ``specjax.proposers.adaptive``).
@@ -368,7 +376,8 @@ class Adaptive:
     if type(self.method) not in ADAPTIVE_LENGTH and not hasattr(self.method, "at_depth"):
       names = ", ".join(sorted(m.__name__ for m in ADAPTIVE_LENGTH))
       raise ValueError(f"sj.Adaptive wraps a chain method ({names}) or a tree method with "
-                       f"at_depth (Retrieval, TreeSpeculative), got {type(self.method).__name__}")
+                       f"at_depth (Retrieval, TreeSpeculative, SpecTr), got "
+                       f"{type(self.method).__name__}")
     object.__setattr__(self, "choices", adaptive_lib.check_menu(self.choices, self.rule))
     adaptive_lib.check_settings(self.decay, self.prior, self.forget, self.threshold,
                                 self.margin, self.drift)
