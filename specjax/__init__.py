@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 # Public name -> the module that defines it (a module name alone: the name is that submodule).
 _EXPORTS = {
-    "Adaptive": "specjax.decoding.methods", "Autoregressive": "specjax.decoding.methods",
+    "Adaptive": "specjax.decoding.adaptive_method", "Autoregressive": "specjax.decoding.methods",
     "Eagle": "specjax.decoding.head_methods", "Hydra": "specjax.decoding.head_methods",
     "Medusa": "specjax.decoding.head_methods", "MTP": "specjax.decoding.head_methods",
     "Jacobi": "specjax.decoding.methods",
@@ -58,7 +58,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, eagerly
   from specjax.costs import CostTable
   from specjax.decoding.generate import GenerateOutput, compile_generate, generate
   from specjax.decoding.head_methods import MTP, Eagle, Hydra, Medusa
-  from specjax.decoding.methods import (Adaptive, Autoregressive, Jacobi, Lookahead, PromptLookup,
+  from specjax.decoding.adaptive_method import Adaptive
+  from specjax.decoding.methods import (Autoregressive, Jacobi, Lookahead, PromptLookup,
                                         SelfSpeculative, SpecTr, Speculative, TreeSpeculative)
   from specjax.decoding.stats import DecodeStats
   from specjax.heads.layout import load_head, save_head

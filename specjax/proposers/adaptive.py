@@ -1,15 +1,16 @@
 """Adaptive speculation: a menu of draft lengths (0 = plain decoding), one chosen per iteration.
 
-``sj.Adaptive`` (``specjax.decoding.methods``) wraps a chain method, or a tree method whose menu
-cuts its tree to each depth (``Retrieval.at_depth``, draft-free; ``TreeSpeculative.at_depth``, a
-draft's static or dynamic tree: a level's acceptance is then estimated like a chain position's,
-from whether the level was reached, and an entry costs its draft passes and its target pass);
-this proposer holds one proposer per menu entry, all sharing one state (room for the
-largest entry), and the loop runs each entry in a loop of its own static pass shape
-(``specjax.decoding.loop``); the model's arithmetic is ``specjax.proposers.adaptive_model``. The
-choice is made before the iteration from past iterations only (and, for the confidence rule,
-from the draft's own proposals), never from the target's verdict on the current iteration, so
-every iteration is an exact speculative step of some length and the output law is the target's.
+``sj.Adaptive`` (``specjax.decoding.adaptive_method``) wraps a chain method, or a tree method
+whose menu cuts its tree to each depth (``Retrieval.at_depth``, draft-free;
+``TreeSpeculative.at_depth`` / ``SpecTr.at_depth``, a draft's tree: a level's acceptance is then
+estimated like a chain position's, from whether the level was reached, and an entry costs its
+draft passes and its target pass); this proposer holds one proposer per menu entry, all sharing
+one state (room for the largest entry), and the loop runs each entry in a loop of its own static
+pass shape (``specjax.decoding.loop``); the model's arithmetic is
+``specjax.proposers.adaptive_model``. The choice is made before the iteration from past
+iterations only (and, for the confidence rule, from the draft's own proposals), never from the
+target's verdict on the current iteration, so every iteration is an exact speculative step of
+some length and the output law is the target's.
 
 Rules (``RULES``):
 
