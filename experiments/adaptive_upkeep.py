@@ -5,7 +5,10 @@ autoregressive decoding, interleaved (the floor of issue 30: >= 0.97x autoregres
 
     python -m experiments.adaptive_upkeep --target=smollm2-135m --draft=smollm2-draft \
         --prompts=code-edit --batch_size=8 --prompt_tokens=192 --max_new_tokens=128 \
-        --chat_template [--temperature=1]
+        --chat_template [--temperature=1] [--tree=dynamic:6x4x24]
+
+``--tree``: the menu over the draft's tree of that spec (``sj.TreeSpeculative`` / ``sj.SpecTr``,
+cut to each depth of the menu) instead of the draft's chain.
 
 Settings: ``looks`` (the code as it is: a look after 2k plain tokens, k the largest choice,
 scoring the last ``LOOK_SCORED`` of them, each look that leaves the rule plain doubling the span
@@ -36,6 +39,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("max_new_tokens", 128, "new tokens per row")
   flags.DEFINE_integer("rounds", 8, "interleaved timed calls per setting")
   flags.DEFINE_bool("chat_template", True, "wrap the prompts in the tokenizer's chat template")
+  flags.DEFINE_string("tree", "", "a tree spec (as the runner's trees): the menu over the "
+                      "draft's tree instead of its chain")
 
 MENU = (0, 1, 2, 3, 4, 6)
 
@@ -55,20 +60,24 @@ def look_constants(**values):
 
 
 def upkeep(target, draft, prompts, max_new_tokens: int, temperature: float = 0.0,
-           rounds: int = 8) -> dict[str, tuple[float, float]]:
+           rounds: int = 8, tree: str = "") -> dict[str, tuple[float, float]]:
   """{setting: (median wall-clock s, median CPU s)} over ``rounds`` interleaved calls of each
   setting on ``prompts`` (one batch), every row decoding ``max_new_tokens`` (no EOS: equal
-  work). Raises if an adaptive setting ever drafted."""
+  work); the menu over the draft's chain, or over its ``tree`` (a tree spec). Raises if an
+  adaptive setting ever drafted."""
   import jax
 
   import specjax as sj
+  from experiments.methods import tree_method
 
-  widths = range(1, MENU[-1] + 2)
+  inner = tree_method(tree, draft)[1] if tree else sj.Speculative(draft, gamma=1)
+  passes = sj.Adaptive.passes(inner, MENU)
   sampling = sj.Sampling(temperature)
-  hopeless = sj.CostTable(verify={w: 1.0 if w == 1 else 50.0 for w in widths}, draft_step=10.0,
+  hopeless = sj.CostTable(verify={w: 1.0 if w == 1 else 50.0 for w in passes["widths"]},
+                          draft_step=10.0, draft_pass={w: 10.0 for w in passes["draft_widths"]},
                           batch=len(prompts), context=256, target_step_ms=1.0,
                           device="by hand: no draft pays", sampling=sampling)
-  plain = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=hopeless)
+  plain = sj.Adaptive(inner, choices=MENU, costs=hopeless)
   span = 2 * MENU[-1]
   # Distinct (equal-behaving: no estimate can make a draft pay) methods, so that no setting
   # reuses another's compiled loop; the constants are read while tracing.
@@ -110,10 +119,12 @@ def main(argv):
   target, draft, prompts, _ = models.load_pair(
       FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens, (1,),
       FLAGS.temperature, FLAGS.max_new_tokens, chat_template=FLAGS.chat_template)
-  medians = upkeep(target, draft, prompts, FLAGS.max_new_tokens, FLAGS.temperature, FLAGS.rounds)
+  medians = upkeep(target, draft, prompts, FLAGS.max_new_tokens, FLAGS.temperature, FLAGS.rounds,
+                   FLAGS.tree)
   base = medians["autoregressive"]
   print(f"batch {len(prompts)}, prompts {FLAGS.prompts}, {FLAGS.max_new_tokens} tokens a row, "
-        f"T = {FLAGS.temperature:g}, {FLAGS.rounds} rounds")
+        f"T = {FLAGS.temperature:g}, {FLAGS.rounds} rounds, menu over the draft's "
+        f"{FLAGS.tree or 'chain'}")
   print(f"{'setting':40s} {'median s':>9s} {'vs AR (wall)':>13s} {'vs AR (CPU)':>12s}")
   for name, (wall, cpu) in medians.items():
     print(f"{name:40s} {wall:9.3f} {base[0] / wall:13.3f} {base[1] / cpu:12.3f}")

@@ -499,6 +499,15 @@ class AdaptiveUpkeepTest(absltest.TestCase):
     self.assertTrue(all(wall > 0 and cpu > 0 for wall, cpu in medians.values()))
     self.assertEqual((adaptive.LOOK_SPAN, adaptive.LOOK_SCORED, adaptive.LOOK_BACKOFF), before)
 
+  @pytest.mark.slow  # ~50 s: six tree entries' loops compiled per setting
+  def test_upkeep_over_a_tree(self):
+    from experiments import adaptive_upkeep, random_models
+
+    target, draft = random_models.random_pair(seed=0)
+    medians = adaptive_upkeep.upkeep(target, draft, [list(b"def f(x):")], max_new_tokens=24,
+                                     rounds=1, tree="dynamic:6x2x6")
+    self.assertTrue(all(wall > 0 and cpu > 0 for wall, cpu in medians.values()))
+
 
 class SearchSkipTest(absltest.TestCase):
   """experiments/search_skip.py on the tiny random target, then the runner on the config it wrote."""
