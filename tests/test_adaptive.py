@@ -801,6 +801,8 @@ class PassesTest(absltest.TestCase):
                      dict(widths=(1, 2, 3, 4), gammas=(1, 2, 3), draft_widths=()))
     self.assertEqual(sj.Adaptive.passes(inner["prompt_lookup"], (0, 2)),
                      dict(widths=(1, 3), gammas=(), draft_widths=()))
+    self.assertEqual(sj.Adaptive.passes(inner["self_speculative"], (0, 2)),
+                     dict(widths=(1, 3), gammas=(2,), draft_widths=()))
     trees = sj.TreeSpeculative(draft, DRAFT_TREES["static"])
     self.assertEqual(sj.Adaptive.passes(trees, MENU),
                      dict(widths=(1, 3, 7, 15), gammas=(), draft_widths=(3, 7, 15)))

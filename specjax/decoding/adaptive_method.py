@@ -94,7 +94,8 @@ class Adaptive:
   def passes(cls, method, choices=(0, 1, 2, 3, 4, 6)) -> dict:
     """What ``sj.CostTable.measure`` must time for ``method`` over the menu ``choices`` (the
     cost rule's prices), as its keyword arguments: ``widths`` (target passes: k + 1 tokens for
-    k drafts, a tree's nodes + 1), ``gammas`` (a draft model's chains: bare iterations) and
+    k drafts, a tree's nodes + 1), ``gammas`` (a draft model's chains: bare iterations; for
+    ``SelfSpeculative`` measure with its layer-skipping view as the draft) and
     ``draft_widths`` (a draft's tree: its wider passes)::
 
         costs = sj.CostTable.measure(target, draft, batch=1, context=256, cache_length=320,
@@ -104,8 +105,8 @@ class Adaptive:
     nodes = menu.tree_nodes or menu.choices
     drafted = menu.draft_widths or ()
     return {"widths": tuple(sorted({1, *(n + 1 for n in nodes if n)})),
-            "gammas": tuple(k for k in menu.choices if k) if isinstance(method, Speculative)
-            else (),
+            "gammas": tuple(k for k in menu.choices if k)
+            if isinstance(method, (Speculative, SelfSpeculative)) else (),
             "draft_widths": tuple(sorted({w for entry in drafted for w in entry if w > 1}))}
 
   def at(self, gamma: int):
