@@ -259,7 +259,7 @@ def _adaptive(config, s: dict, models: dict):
   import specjax as sj
   base = METHODS[s["base"]]
   table = s.get("cost_table")
-  tree = config.adaptive_tree if base.name == "tree" else s.get("tree")
+  tree = s["base_tree"] if base.name == "tree" else s.get("tree")
   return sj.Adaptive(base.build(config, dict(s, method=base.name, tree=tree), models),
                      choices=tuple(s["choices"]), rule=s["rule"],
                      costs=sj.CostTable.from_dict(table) if table else None,

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 
 def adaptive_label(e: dict) -> str:
-  """``adaptive cost (speculative 0..6)``: the rule, the base method and the menu's range."""
+  """``adaptive cost (speculative 0..6)``: the rule, the base method (a draft's tree: with its
+  spec, ``tree dynamic:6x4x24``) and the menu's range."""
   choices = list(e.get("choices") or [e.get("gamma")])
-  return f"adaptive {e['rule']} ({e.get('base')} {choices[0]}..{choices[-1]})"
+  base = " ".join(str(part) for part in (e.get("base"), e.get("base_tree")) if part)
+  return f"adaptive {e['rule']} ({base} {choices[0]}..{choices[-1]})"
 
 
 def choice_lines(results: dict) -> list[str]:

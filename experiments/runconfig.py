@@ -82,8 +82,9 @@ def setting(config, method: str, value, temperature: float = 0.0, mesh: str = ""
   sweep = METHODS_TABLE[method].sweep
   if sweep == ADAPTIVE_SWEEP:  # gamma: the largest choice (the cache room, what reports read)
     menu = adaptive_menu(config.adaptive_choices, value)
-    drafted = ({"draft_widths": adaptive_draft_widths(config, menu)}
-               if config.adaptive_method == "tree" else {})  # a draft's tree: its passes too
+    drafted = ({"draft_widths": adaptive_draft_widths(config, menu),
+                "base_tree": str(config.adaptive_tree)}
+               if config.adaptive_method == "tree" else {})  # a draft's tree: its spec, passes
     return dict(method=method, gamma=menu[-1], tree=None, rule=value, choices=menu,
                 passes=adaptive_passes(config, config.adaptive_method, menu),
                 base=config.adaptive_method, temperature=float(temperature),

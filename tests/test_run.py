@@ -730,7 +730,7 @@ class AdaptiveTreeMenuRunTest(absltest.TestCase):
                              table.menu_cost(e["choices"], e["choice_counts"], e["passes"],
                                              e["draft_widths"]))
     self.assertGreater(sum(rows["schedule", 0.0]["choice_counts"][1:]), 0)  # the trees ran
-    self.assertIn("adaptive schedule (tree 0..3)", proc.stdout)
+    self.assertIn("adaptive schedule (tree full:3x2 0..3)", proc.stdout)
 
 
 class GpuCheckScriptTest(absltest.TestCase):
