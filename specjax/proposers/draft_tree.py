@@ -82,7 +82,7 @@ def sync(draft, state: DraftTreeState, text: jax.Array, lengths: jax.Array, widt
 
 
 class SkippableDraft:
-  """What a draft-model tree proposer (``graphdef``, ``first_level_ranks``) offers
+  """What a draft-model tree proposer (``graphdef``, ``children``, ``first_level_ranks``) offers
   ``sj.Adaptive``: a draft that plain iterations skip and ``sync`` catches up."""
 
   def sync(self, params, state, text, lengths, width: int, score=None, greedy: bool = False):
@@ -93,7 +93,7 @@ class SkippableDraft:
     """The draft's ranks that the root's children hold at ``sampling`` (0: its most likely
     token), or () where they are drawn (sampled children at T > 0): a skipped draft's look
     scores its first guesses by whether the target's token is among those ranks."""
-    deterministic = sampling.is_greedy or getattr(self, "children", "top_k") == "top_k"
+    deterministic = sampling.is_greedy or self.children == "top_k"
     return self.first_level_ranks if deterministic else ()
 
 

@@ -168,6 +168,7 @@ class DraftDynamicTree(DynamicSizes, draft_tree.SkippableDraft):
 
   graphdef: Any
   spec: DynamicTree
+  children = "top_k"  # not a field: a dynamic tree's children are always the draft's top-k
 
   @property
   def draft_calls_per_iteration(self) -> int:
