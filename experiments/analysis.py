@@ -200,17 +200,25 @@ def analyse(config, records: list[dict], cost: dict, texts: list[str], decode) -
         and method.role == "target" and e["method"] != "autoregressive"):
       e["greedy_match"] = match(records, e, ar)
 
-  # Optimal gamma by the formula, per temperature (alpha averaged over the gammas run).
+  # Optimal gamma by the formula, per temperature (alpha averaged over the gammas run), which
+  # takes a pass over gamma + 1 tokens at one target step; and, where the run measured two or
+  # more chain gammas, the one whose measured iteration cost models fastest (on a CPU a pass
+  # costs several steps, and the two can differ: the formula's 3 against the measured 1).
   optimal = {}
   for t in config.temperatures:
-    alphas = [e["expected_alpha"] for e in results_settings
+    chains = [e for e in results_settings
               if METHODS[e["method"]].cost_model == CHAIN and e["temperature"] == float(t)
               and e["expected_alpha"] == e["expected_alpha"]]
-    if alphas and cost_ratio is not None:
-      a = min(max(float(np.mean(alphas)), 0.0), 1.0)
+    if chains and cost_ratio is not None:
+      a = min(max(float(np.mean([e["expected_alpha"] for e in chains])), 0.0), 1.0)
       g = metrics.optimal_gamma(a, cost_ratio, max_gamma=16)
       optimal[str(float(t))] = {"alpha": a, "gamma": int(g),
                                 "speedup": metrics.expected_speedup(a, int(g), cost_ratio)}
+      modelled = [e for e in chains if e.get("modelled_speedup") is not None]
+      if len({e["gamma"] for e in modelled}) > 1:
+        best = max(modelled, key=lambda e: e["modelled_speedup"])
+        optimal[str(float(t))]["measured"] = {"method": best["method"], "gamma": best["gamma"],
+                                              "modelled_speedup": best["modelled_speedup"]}
 
   # Greedy sample text for one prompt.
   samples = {}

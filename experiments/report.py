@@ -171,14 +171,25 @@ def format_table(results: dict) -> str:
   for name, c in (cost.get("head_cost_ratio") or {}).items():
     notes.append(f"{name} head: step {cost['head_step_ms'][name]:.3f} ms, c = {c:.3f}")
   for t, o in (results.get("optimal_gamma") or {}).items():
-    notes.append(f"T={float(t):g}: formula's optimal gamma {o['gamma']} (alpha {o['alpha']:.3f}, "
-                 f"speedup {o['speedup']:.2f})")
+    notes.append(f"T={float(t):g}: {optimal_gamma_note(o)}")
   if choice_lines(results):
     notes += ["adaptive choices (share of iterations per draft length):", *choice_lines(results)]
   title = (f"{results.get('name', 'experiment')}: tokens/s = median of "
            f"{results.get('config', {}).get('repeats', '?')} interleaved repeats; speedup vs "
            f"autoregressive at the same T")
   return "\n".join([title, ""] + out + ([""] + notes if notes else []))
+
+
+def optimal_gamma_note(optimal: dict) -> str:
+  """The formula's optimal gamma (every pass at one target step: c alone) and, where the run
+  timed several gammas, the one its measured iteration costs model fastest."""
+  note = (f"formula's optimal gamma {optimal['gamma']} (alpha {optimal['alpha']:.3f}, speedup "
+          f"{optimal['speedup']:.2f}, each pass at one target step)")
+  measured = optimal.get("measured")
+  if measured:
+    note += (f"; by the measured pass costs, {measured['method']} gamma {measured['gamma']} "
+             f"(modelled {measured['modelled_speedup']:.2f}x)")
+  return note
 
 
 def memory_lines(results: dict) -> list[str]:
@@ -460,8 +471,7 @@ def markdown(results: dict, plot_paths: dict[str, str] | None = None) -> str:
     md.append(f"- used for the theory: c = {_fmt(cost.get('used'), '.3f')} "
               f"({cost.get('used_source')})")
     for t, o in (results.get("optimal_gamma") or {}).items():
-      md.append(f"- T={float(t):g}: optimal gamma by the formula {o['gamma']} at alpha "
-                f"{o['alpha']:.3f} (expected speedup {o['speedup']:.2f})")
+      md.append(f"- T={float(t):g}: {optimal_gamma_note(o)}")
     md.append("")
   memory = memory_lines(results)
   if memory:
