@@ -32,7 +32,7 @@ import sys
 from typing import Any, Callable
 
 from experiments.methods import CHAIN, METHODS
-from experiments.report_adaptive import adaptive_label, choice_lines
+from experiments.report_adaptive import adaptive_label, choice_lines, optimal_gamma_note
 
 PLOT_FILES = {"speedup": "speedup_vs_gamma.png", "acceptance": "acceptance_by_position.png",
               "theory": "measured_vs_theoretical.png"}
@@ -178,18 +178,6 @@ def format_table(results: dict) -> str:
            f"{results.get('config', {}).get('repeats', '?')} interleaved repeats; speedup vs "
            f"autoregressive at the same T")
   return "\n".join([title, ""] + out + ([""] + notes if notes else []))
-
-
-def optimal_gamma_note(optimal: dict) -> str:
-  """The formula's optimal gamma (every pass at one target step: c alone) and, where the run
-  timed several gammas, the one its measured iteration costs model fastest."""
-  note = (f"formula's optimal gamma {optimal['gamma']} (alpha {optimal['alpha']:.3f}, speedup "
-          f"{optimal['speedup']:.2f}, each pass at one target step)")
-  measured = optimal.get("measured")
-  if measured:
-    note += (f"; by the measured pass costs, {measured['method']} gamma {measured['gamma']} "
-             f"(modelled {measured['modelled_speedup']:.2f}x)")
-  return note
 
 
 def memory_lines(results: dict) -> list[str]:

@@ -1,5 +1,7 @@
-"""The report's adaptive settings (``sj.Adaptive``, runner method "adaptive"): their label in the
-speed table, and the histogram of the draft lengths each chose, as fractions per menu entry."""
+"""The report's notes on how many tokens to draft: the optimal gamma (the formula's, and the
+measured pass costs'), and the adaptive settings (``sj.Adaptive``, runner method "adaptive"):
+their label in the speed table and the histogram of the draft lengths each chose, as fractions
+per menu entry."""
 
 from __future__ import annotations
 
@@ -25,3 +27,15 @@ def choice_lines(results: dict) -> list[str]:
     out.append(f"- {adaptive_label(e)}{mesh} T={e['temperature']:g}: {shares} "
                f"({sum(counts)} iterations)")
   return out
+
+
+def optimal_gamma_note(optimal: dict) -> str:
+  """The formula's optimal gamma (every pass at one target step: c alone) and, where the run
+  timed several gammas, the one its measured iteration costs model fastest."""
+  note = (f"formula's optimal gamma {optimal['gamma']} (alpha {optimal['alpha']:.3f}, speedup "
+          f"{optimal['speedup']:.2f}, each pass at one target step)")
+  measured = optimal.get("measured")
+  if measured:
+    note += (f"; by the measured pass costs, {measured['method']} gamma {measured['gamma']} "
+             f"(modelled {measured['modelled_speedup']:.2f}x)")
+  return note

@@ -579,7 +579,7 @@ class TreeRunTest(absltest.TestCase):
   def test_optimal_gamma_by_measured_costs(self):
     """Beside the formula's optimal gamma (every pass at one step), the report names the gamma
     whose measured iteration cost models fastest, where the run timed two or more."""
-    from experiments import report
+    from experiments import report, report_adaptive
 
     results, md = self._run_tiny("methods=autoregressive/speculative,gammas=1/2")
     optimal = results["optimal_gamma"]["0.0"]
@@ -587,13 +587,13 @@ class TreeRunTest(absltest.TestCase):
     best = max(chains, key=lambda e: e["modelled_speedup"])
     self.assertEqual(optimal["measured"], {"method": "speculative", "gamma": best["gamma"],
                                            "modelled_speedup": best["modelled_speedup"]})
-    note = report.optimal_gamma_note(optimal)
+    note = report_adaptive.optimal_gamma_note(optimal)
     self.assertIn(f"by the measured pass costs, speculative gamma {best['gamma']} ", note)
     self.assertIn(f"T=0: {note}", report.format_table(results))
     self.assertIn(f"- T=0: {note}", md)
     single = dict(optimal)
     del single["measured"]  # one gamma timed: the formula's note alone
-    self.assertEqual(report.optimal_gamma_note(single),
+    self.assertEqual(report_adaptive.optimal_gamma_note(single),
                      f"formula's optimal gamma {optimal['gamma']} (alpha {optimal['alpha']:.3f}, "
                      f"speedup {optimal['speedup']:.2f}, each pass at one target step)")
 
