@@ -509,6 +509,31 @@ class AdaptiveUpkeepTest(absltest.TestCase):
     self.assertTrue(all(wall > 0 and cpu > 0 for wall, cpu in medians.values()))
 
 
+class AdaptiveWrapperTest(absltest.TestCase):
+  """experiments/adaptive_wrapper.py on tiny random models: the forced menus choose gamma in
+  every iteration and return the bare method's greedy tokens."""
+
+  @pytest.mark.slow  # ~45 s: two six-entry menus' loops compiled
+  def test_wrapper_cost(self):
+    import specjax as sj
+    from experiments import adaptive_wrapper, random_models
+
+    target, draft = random_models.random_pair(seed=0)
+    prompts = [list(b"def f(x):"), list(b"import os")]
+    passes = sj.Adaptive.passes(sj.Speculative(draft, gamma=2), adaptive_wrapper.MENU)
+    table = sj.CostTable(verify={w: 1.0 + 0.1 * (w - 1) for w in passes["widths"]},
+                         draft_step=0.1, batch=2, context=16, target_step_ms=1.0, device="test")
+    result = adaptive_wrapper.wrapper_cost(target, draft, prompts, max_new_tokens=24, rounds=1,
+                                           gamma=2, measured=table)
+    self.assertLen(result, 5)
+    self.assertTrue(all(wall > 0 and cpu > 0 for wall, cpu, _ in result.values()))
+    forced = result["adaptive, menu (0, 1, 2, 3, 4, 6), forced to 2"][2]
+    self.assertEqual(forced[2], sum(forced.values()))
+    self.assertGreater(forced[2], 0)
+    with self.assertRaisesRegex(ValueError, "gamma must be one of"):
+      adaptive_wrapper.wrapper_cost(target, draft, prompts, 8, gamma=5, measured=table)
+
+
 class SearchSkipTest(absltest.TestCase):
   """experiments/search_skip.py on the tiny random target, then the runner on the config it wrote."""
 
