@@ -15,8 +15,9 @@ scoring the last ``LOOK_SCORED`` of them, each look that leaves the rule plain d
 up to ``LOOK_BACKOFF`` x), ``looks scoring every token, every 2k`` (the same loop with
 ``LOOK_SCORED`` = 2k and ``LOOK_BACKOFF`` = 1: the looks of sessions 24-31), ``no looks`` (the
 span past the run's end: the draft's prefill and the rule's bookkeeping only). Each setting's
-median time over ``--rounds`` interleaved calls (``time_settings``), as a speed relative to autoregressive
-decoding's (wall clock and process CPU time; the CPU time is less disturbed by a busy neighbour).
+median time over ``--rounds`` interleaved calls (``time_settings``), as a speed relative to
+autoregressive decoding's (wall clock and process CPU time; the CPU time is less disturbed by a
+busy neighbour).
 """
 
 from __future__ import annotations
@@ -100,8 +101,9 @@ def time_settings(target, prompts, settings: dict, sampling, max_new_tokens: int
                   rounds: int) -> tuple[dict[str, tuple[float, float]], dict]:
   """({setting: (median wall-clock s, median CPU s)}, {setting: its last call's output}):
   ``settings`` maps a name to (method, ``look_constants`` to trace it under); each is compiled
-  once, then timed ``rounds`` times, interleaved, the order rotated by one every round (in a fixed order two settings of
-  the same computation measured 3.5% apart over 14 rounds at batch 4; Intel Xeon, SmolLM2)."""
+  once, then timed ``rounds`` times, interleaved, the order rotated by one every round (in a
+  fixed order two settings of the same computation measured 3.5% apart over 14 rounds at batch
+  4; Intel Xeon, SmolLM2)."""
   import jax
 
   import specjax as sj
