@@ -34,12 +34,18 @@ from experiments import cost_split  # noqa: F401  (the shared flags: target, dra
 FLAGS = flags.FLAGS
 
 
-def define_flags() -> None:
-  """This tool's own flags, defined when it runs as a script only (so that importing ``upkeep``
-  beside another tool defining ``max_new_tokens`` does not clash)."""
+def define_timing_flags(rounds: int) -> None:
+  """The flags of the tools timed by ``time_settings`` (this one, ``adaptive_wrapper``), defined
+  when a tool runs as a script only (so that importing it beside another tool defining
+  ``max_new_tokens`` does not clash); ``rounds``: the tool's default."""
   flags.DEFINE_integer("max_new_tokens", 128, "new tokens per row")
-  flags.DEFINE_integer("rounds", 8, "interleaved timed calls per setting")
+  flags.DEFINE_integer("rounds", rounds, "interleaved timed calls per setting")
   flags.DEFINE_bool("chat_template", True, "wrap the prompts in the tokenizer's chat template")
+
+
+def define_flags() -> None:
+  """This tool's flags (``define_timing_flags``, and the tree to menu over)."""
+  define_timing_flags(rounds=8)
   flags.DEFINE_string("tree", "", "a tree spec (as the runner's trees): the menu over the "
                       "draft's tree instead of its chain")
 

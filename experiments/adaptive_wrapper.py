@@ -26,11 +26,9 @@ MENU = adaptive_upkeep.MENU
 
 
 def define_flags() -> None:
-  """This tool's own flags (defined when it runs as a script only)."""
-  flags.DEFINE_integer("max_new_tokens", 128, "new tokens per row")
-  flags.DEFINE_integer("rounds", 12, "interleaved timed calls per setting")
+  """This tool's flags (``adaptive_upkeep.define_timing_flags``, and the gamma to reproduce)."""
+  adaptive_upkeep.define_timing_flags(rounds=12)
   flags.DEFINE_integer("gamma", 1, "the fixed draft length the wrapped settings reproduce")
-  flags.DEFINE_bool("chat_template", True, "wrap the prompts in the tokenizer's chat template")
 
 
 def wrapper_cost(target, draft, prompts, max_new_tokens: int, temperature: float = 0.0,
