@@ -272,16 +272,17 @@ class ChoiceTest(absltest.TestCase):
     position 0's estimate takes them as ``count`` EMA steps to their mean. Reference: the
     draft's logits from one pass over the whole text; scored: of the last ``LOOK_SCORED`` tokens
     it had not seen, those whose successor a plain iteration drew (p > 0), the pending one
-    included (T = 0: the match; T > 0: min(1, q(x) / p(x))); the entries past position 0 capped
-    at position 0's new estimate; the inactive row unchanged."""
+    included (T = 0: the match; T > 0: sum_x min(p, q) where the target's law was kept, else
+    min(1, q(x) / p(x))); the entries past position 0 capped at position 0's new estimate; the
+    inactive row unchanged."""
     target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
     method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=table(), decay=0.2)
 
-    def chain_value(logits, token, p, sampling):
+    def chain_value(logits, token, p, sampling, law=None):
       if sampling.is_greedy:
         return float(np.argmax(logits) == token)
       q = np.asarray(sampling_lib.probabilities(jnp.asarray(logits), sampling))
-      return min(1.0, q[token] / p)
+      return min(1.0, q[token] / p) if law is None else float(np.minimum(law, q).sum())
 
     proposer, params, state, pending, active, lengths = self.check_look(
         target, draft, method, chain_value)
@@ -296,8 +297,10 @@ class ChoiceTest(absltest.TestCase):
     target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
 
     def among(ranks):
-      return lambda logits, token, p, sampling: float(
-          token in np.argsort(-logits, kind="stable")[list(ranks)])
+      def value(logits, token, p, sampling, law=None):
+        guessed = np.argsort(-logits, kind="stable")[list(ranks)]
+        return float(token in guessed) if law is None else float(law[guessed].sum())
+      return value
 
     skipping = sj.Tree.from_paths([(0,), (2,), (0, 0), (2, 0), (0, 0, 0)])
     for tree, children, ranks in ((DRAFT_TREES["static"], "top_k", (0, 1)),
@@ -309,15 +312,19 @@ class ChoiceTest(absltest.TestCase):
                              costs=tree_table(), decay=0.2)
         value = among(ranks)
         if children == "sampled":  # at T > 0, drawn: the chain's value
-          value = lambda logits, token, p, sampling, hit=value: (
-              hit(logits, token, p, sampling) if sampling.is_greedy else min(1.0, np.asarray(
-                  sampling_lib.probabilities(jnp.asarray(logits), sampling))[token] / p))
+          def value(logits, token, p, sampling, law=None, hit=value):
+            if sampling.is_greedy:
+              return hit(logits, token, p, sampling)
+            q = np.asarray(sampling_lib.probabilities(jnp.asarray(logits), sampling))
+            return min(1.0, q[token] / p) if law is None else float(np.minimum(law, q).sum())
         self.check_look(target, draft, method, value)
 
   def check_look(self, target, draft, method, value):
-    """``method``'s look against the reference (``value(logits float[V], token, p,
-    sampling)``: a scored guess's value) at T = 0, 1 and 0.8 with top-k 5; returns (proposer,
-    params, state, pending, active, lengths)."""
+    """``method``'s look against the reference (``value(logits float[V], token, p, sampling,
+    law=None)``: a scored guess's value, ``law`` the target's law where its plain iteration
+    kept it) at T = 0, 1 and 0.8 with top-k 5, at T > 0 once with no law kept and once with
+    the laws of all scored tokens but row 0's last; returns (proposer, params, state, pending,
+    active, lengths)."""
     proposer, params = method.proposer(target)
     rng = np.random.default_rng(3)
     capacity, prompt_lengths, lengths = 24, np.asarray([3, 5, 4]), np.asarray([14, 11, 12])
@@ -337,8 +344,18 @@ class ChoiceTest(absltest.TestCase):
     state = state.replace(text=state.text.replace(lengths=jnp.asarray(lengths, jnp.int32)))
     active = jnp.asarray([True, True, False])
     logits = np.asarray(draft(jnp.asarray(text), init_cache(TF_CONFIG, 3, capacity))[0])
-    for sampling in (S(0.0), S(1.0), S(0.8, top_k=5)):
-      looked = proposer.look(params, state, jnp.asarray(pending), sampling, active)
+    slots = proposer.scored
+    laws = rng.dirichlet(np.full(TF_CONFIG.vocab_size, 0.3), (3, slots)).astype(np.float32)
+    law_cols = np.full((3, slots), -1, np.int32)
+    for b in range(3):
+      law_cols[b, np.arange(lengths[b] - slots + 1, lengths[b] + 1) % slots] = np.arange(
+          lengths[b] - slots + 1, lengths[b] + 1)
+    law_cols[0, lengths[0] % slots] = -1  # row 0's last: not kept (the draw's estimate)
+    lawful = state.replace(plain_laws=jnp.asarray(laws), law_cols=jnp.asarray(law_cols))
+    for sampling, with_laws in ((S(0.0), False), (S(1.0), False), (S(0.8, top_k=5), False),
+                                (S(1.0), True), (S(0.8, top_k=5), True)):
+      looked = proposer.look(params, lawful if with_laws else state, jnp.asarray(pending),
+                             sampling, active)
       got = np.asarray(looked.acceptance)
       for b in range(2):
         values = []
@@ -346,7 +363,8 @@ class ChoiceTest(absltest.TestCase):
         for t in range(first, lengths[b] + 1):
           if plain_p[b, t] == 0:
             continue
-          values.append(value(logits[b, t - 1], text[b, t], plain_p[b, t], sampling))
+          law = laws[b, t % slots] if with_laws and law_cols[b, t % slots] == t else None
+          values.append(value(logits[b, t - 1], text[b, t], plain_p[b, t], sampling, law))
         kept = 0.8 ** len(values)
         self.assertEqual(len(values), (4, 3)[b])  # row 1's token 8 came from speculation
         np.testing.assert_allclose(got[b, 0], kept * 0.5 + (1 - kept) * np.mean(values),
@@ -397,6 +415,62 @@ class ChoiceTest(absltest.TestCase):
                                jnp.asarray(pending), keys, S(0.0), active,
                                jnp.full((3,), 64, jnp.int32))
     self.assertEqual((int(index), int(after.look_every)), (3, span))
+
+  def test_a_plain_iteration_keeps_the_law_a_look_will_score(self):
+    """At T > 0 a plain iteration keeps the target's law of the token it drew (slot: the
+    token's text position mod the look's scored tokens, tagged with the position) when it
+    draws one of the tokens the next look scores (``plain_run + scored >= look_every``), not
+    before; an inactive row keeps nothing; at T = 0 nothing but the mark in ``plain_p``."""
+    target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
+    method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=table())
+    proposer, params = method.proposer(target)
+    lengths = jnp.asarray([3, 4, 3], jnp.int32)
+    state = proposer.prefill(params, jnp.asarray([[3, 4, 5, 0], [6, 7, 8, 9], [1, 2, 3, 0]]),
+                             lengths, 16)
+    entry, slots, span = proposer.variants[0], proposer.scored, proposer.look_span
+    pending, active = jnp.asarray([9, 10, 11], jnp.int32), jnp.asarray([True, True, False])
+    keys = jax.random.split(jax.random.key(0), (3, MENU[-1]))
+    logits = 3.0 * jax.random.normal(jax.random.key(1), (3, 1, TF_CONFIG.vocab_size))
+    drawn = jnp.asarray([5, 6, 7], jnp.int32)
+    for sampling in (S(1.0), S(0.7, top_k=4), S(0.0)):
+      law = np.asarray(sampling_lib.probabilities(logits[:, 0], sampling))
+      outcome = Outcome(target_length=lengths, path=jnp.full((3, 1), -1, jnp.int32),
+                        num_accepted=jnp.zeros((3,), jnp.int32), next_token=drawn,
+                        active=active, logits=logits, sampling=sampling)
+      for run in (span - slots - 1, span - slots, span - 1):
+        start = state.replace(plain_run=jnp.int32(run), last=jnp.int32(0))
+        candidates, proposed = entry.propose(params, start, pending, keys, sampling)
+        got = entry.commit(params, proposed, candidates, outcome)
+        at = np.asarray(got.text.lengths)  # the drawn token's text position (the new pending)
+        np.testing.assert_array_equal(at, np.asarray(lengths) + [1, 1, 0])
+        due = not sampling.is_greedy and run + slots >= span
+        cols = np.asarray(got.law_cols)
+        for b in range(3):
+          kept = due and b < 2
+          self.assertEqual(cols[b, at[b] % slots], at[b] if kept else -1, msg=f"{run} {b}")
+          np.testing.assert_allclose(np.asarray(got.plain_laws)[b, at[b] % slots],
+                                     law[b] if kept else 0.0, rtol=1e-6)
+        self.assertEqual(int((cols >= 0).sum()), 2 if due else 0)
+        p = np.asarray(got.plain_p)[np.arange(2), at[:2]]
+        np.testing.assert_allclose(p, 1.0 if sampling.is_greedy else law[[0, 1], [5, 6]],
+                                   rtol=1e-6)
+    # A plain stretch through ``choose``: when its look comes due, every token it will score
+    # has its law kept.
+    sampling, s = S(1.0), state.replace(last=jnp.int32(0))
+    for i in range(span):
+      index, s = proposer.choose(params, s, pending, keys, sampling, active,
+                                 jnp.full((3,), 64, jnp.int32))
+      self.assertEqual((int(index), int(s.plain_run)), (0, i))  # held plain, no look yet
+      candidates, s = entry.propose(params, s, pending, keys, sampling)
+      s = entry.commit(params, s, candidates, Outcome(
+          target_length=s.text.lengths, path=jnp.full((3, 1), -1, jnp.int32),
+          num_accepted=jnp.zeros((3,), jnp.int32), next_token=drawn + i, active=active,
+          logits=logits, sampling=sampling))
+    self.assertEqual(int(s.plain_run), int(s.look_every))  # the next choice looks
+    at = np.asarray(s.text.lengths)
+    for b in range(2):
+      self.assertEqual(sorted(np.asarray(s.law_cols)[b]), list(range(at[b] - slots + 1,
+                                                                      at[b] + 1)))
 
   def test_commit_observes_the_tested_positions_and_drifts_the_rest(self):
     """After a speculating iteration of 2 drafts: the positions whose test ran take an EMA step

@@ -534,6 +534,32 @@ class AdaptiveWrapperTest(absltest.TestCase):
       adaptive_wrapper.wrapper_cost(target, draft, prompts, 8, gamma=5, measured=table)
 
 
+class LookObservationsTest(absltest.TestCase):
+  """experiments/look_observations.py on tiny random models: one value per answer position of
+  each estimator, in [0, 1]; the exact one is sum_x min(p, q) of the two models' laws there."""
+
+  def test_observations(self):
+    import jax.numpy as jnp
+
+    import specjax as sj
+    from experiments import look_observations, random_models
+    from specjax import sampling as sampling_lib
+    from specjax.models.transformer import forward
+
+    target, draft = random_models.random_pair(seed=0)
+    prompts = [list(b"def f(x):"), list(b"import os")]
+    exact, draw = look_observations.observations(target, draft, prompts, 6, 0.8)
+    self.assertEqual((exact.shape, draw.shape), ((12,), (12,)))
+    self.assertTrue(((exact >= 0) & (exact <= 1 + 1e-6) & (draw >= 0) & (draw <= 1)).all())
+    sampling = sj.Sampling(0.8)
+    text = jnp.asarray([prompts[0] + [0]], jnp.int32)  # the first position's laws
+    p, q = (sampling_lib.probabilities(forward(m, text)[0, len(prompts[0]) - 1], sampling)
+            for m in (target, draft))
+    self.assertAlmostEqual(exact[0], float(jnp.minimum(p, q).sum()), places=5)
+    with self.assertRaisesRegex(ValueError, "temperature must be > 0"):
+      look_observations.observations(target, draft, prompts, 6, 0.0)
+
+
 class SearchSkipTest(absltest.TestCase):
   """experiments/search_skip.py on the tiny random target, then the runner on the config it wrote."""
 

@@ -39,10 +39,11 @@ Rules (``RULES``):
   ``LOOK_SPAN`` x the largest choice, the ``look``; each look that leaves the rule plain doubles
   the next span, up to ``LOOK_BACKOFF`` x, until it speculates again): fed the plain tokens, its
   guesses after the last ``LOOK_SCORED`` of them are scored against the tokens the target drew
-  (the match at T = 0, ``min(1, q(x) / p(x))`` at T > 0, whose mean over the target's draw is
-  ``sum_x min(p, q)``; a tree whose first level is the draft's top k: whether the token is among
-  them), and the choice is made with that; the deeper positions, which a look does
-  not score, are capped at the first's new estimate. Its estimates do not drift in plain
+  (the match at T = 0; at T > 0 the acceptance ``sum_x min(p, q)`` itself, from the target's law
+  p kept for those tokens (``record_plain``); a tree whose first level is the draft's top k:
+  whether the token is among them, at T > 0 p's mass on them), and the choice is made with
+  that; the deeper positions, which a look does not score, are capped at the first's new
+  estimate. Its estimates do not drift in plain
   iterations: a resumption rests on what the draft would have done at the end of the stretch,
   at two draft passes per span (the catch-up it would need anyway, and the scored tokens).
 * ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
@@ -89,6 +90,13 @@ LOOK_SCORED = 4
 # both changes: 0.974 -> 0.985x autoregressive at T = 0, 0.948 -> 0.974x at T = 1;
 # experiments/adaptive_upkeep.py), and a resumption comes at most 4 spans late.
 LOOK_BACKOFF = 4
+# At T > 0 a look scores a guess by its exact acceptance sum_x min(p, q), the target's law p
+# kept by the plain iterations that drew the scored tokens (LOOK_SCORED laws a row, 3 MB at
+# batch 4 for SmolLM2); False: by one draw's min(1, q(x) / p(x)), whose mean is the same and
+# whose variance over SmolLM2's sampled answers (T = 1) is 1.8x the exact value's on chat and
+# 2.4x on code edits (experiments/look_observations.py): each look then brings the rule ~2x the
+# evidence.
+KEEP_LAWS = True
 
 
 @flax.struct.dataclass
@@ -108,6 +116,11 @@ class AdaptiveState:
   # iteration drew it (0 elsewhere): what a skipped draft's guesses are scored against (rule
   # "cost" over a draft model: ``looks``; [B, 0] otherwise)
   plain_p: jax.Array
+  # float32[B, S, V] the target's law where a plain iteration drew one of the tokens a look
+  # will score (slot: text position mod S, ``scored``; T > 0) and int32[B, S] the position
+  # each slot holds (-1: none): a look's exact observation (``looks``; [B, 0, 0], [B, 0] else)
+  plain_laws: jax.Array
+  law_cols: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +167,11 @@ class AdaptiveProposer:
     return LOOK_SPAN * self.choices[-1]
 
   @property
+  def scored(self) -> int:
+    """The tokens at the end of a look's span whose guesses it scores (``LOOK_SCORED``)."""
+    return min(LOOK_SCORED, self.look_span)
+
+  @property
   def num_candidates(self) -> int:
     """The most candidates of an entry (a tree method's: the deepest tree's nodes)."""
     return max(p.num_candidates for p in self.proposers if p is not None)
@@ -178,6 +196,7 @@ class AdaptiveProposer:
     batch, g = prompt.shape[0], self.depth
     laws = (batch, g, self.vocab_size) if self.rule == "confidence" else (batch, 0, 0)
     plain_p = (batch, cache_length if self.looks else 0)
+    slots = self.scored if self.looks and KEEP_LAWS else 0
     return AdaptiveState(
         inner=self.largest.prefill(params, prompt, prompt_lengths, cache_length),
         text=TokenHistory.of_prompt(prompt, prompt_lengths, cache_length),
@@ -188,7 +207,9 @@ class AdaptiveProposer:
         gamma=jnp.int32(self.choices[-1]),
         last=jnp.int32(-1), plain_run=jnp.int32(0), look_every=jnp.int32(self.look_span),
         drafts=jnp.zeros((batch, g), jnp.int32), laws=jnp.zeros(laws, jnp.float32),
-        plain_p=jnp.zeros(plain_p, jnp.float32))
+        plain_p=jnp.zeros(plain_p, jnp.float32),
+        plain_laws=jnp.zeros((batch, slots, self.vocab_size if slots else 0), jnp.float32),
+        law_cols=jnp.full((batch, slots), -1, jnp.int32))
 
   def choose(self, params, state: AdaptiveState, pending, keys, sampling, active, remaining):
     """(int32[] menu index, state) for the coming iteration: from the estimates, the costs and
@@ -247,13 +268,15 @@ class AdaptiveProposer:
     ``LOOK_SCORED`` tokens scored against the plain token that came (pending included): position
     0's estimate gets one observation per scored token (``observe_many``), and a scored row's
     deeper estimates are capped at it.
-    The observation is the acceptance that guess would have had, in expectation over the
-    target's draw: at T = 0 the match; at T > 0 ``min(1, q(x) / p(x))`` for the token x the
-    target drew from p, whose mean is ``sum_x min(p, q)``, the acceptance of a draft drawn from
-    q (Leviathan et al. 2023, Sec. 3.1). A tree whose first level is the draft's guesses of
-    given ranks (greedy, or top-k children at T > 0; ``first_guesses``): whether x is among
-    them, whose mean is p of those guesses, the level's acceptance under the one-hot rule
-    (sampled children: the chain's value, the acceptance of one child). Past tokens only."""
+    The observation is the acceptance that guess would have had: at T = 0 the match; at T > 0
+    ``sum_x min(p, q)``, the acceptance of a draft drawn from q (Leviathan et al. 2023, Sec.
+    3.1), from the target's law p that the plain iteration kept (``record_plain``), else (a
+    token whose law was not kept) ``min(1, q(x) / p(x))`` for the token x the target drew from
+    p, whose mean over the draw is the same, at a larger variance (``KEEP_LAWS``). A tree whose
+    first level is the draft's guesses of given ranks (greedy, or top-k children at T > 0;
+    ``first_guesses``): whether x is among them (p's mass on them where the law was kept),
+    whose mean is p of those guesses, the level's acceptance under the one-hot rule (sampled
+    children: the chain's value, the acceptance of one child). Past tokens only."""
     text = state.text.with_pending(pending)
     rows = jnp.arange(pending.shape[0])[:, None]
     # A tree's first level (the shallowest entry's): the draft's ranks it holds, if not drawn
@@ -261,24 +284,35 @@ class AdaptiveProposer:
     ranks = shallowest.first_guesses(sampling) if hasattr(shallowest, "first_guesses") else ()
     tree_hit = bool(ranks) and (ranks != (0,) or not sampling.is_greedy)
 
+    slots = state.law_cols.shape[1]
+    with_laws = not sampling.is_greedy and slots > 0
+
     def score(logits, guesses, cols, fed):
       nxt = jnp.minimum(cols + 1, text.tokens.shape[1] - 1)
       token = jnp.maximum(text.tokens[rows, nxt], 0)
       p = state.plain_p[rows, nxt]
+      exact = with_laws and state.plain_laws.shape[-1] == logits.shape[-1]
+      if exact:  # the target's law at the token, where its plain iteration kept it
+        law = state.plain_laws[rows, nxt % slots]  # [B, W, V]
+        kept = state.law_cols[rows, nxt % slots] == nxt
       if tree_hit:  # a tree's first level, the draft's guesses of those ranks: the hit
         guessed = jax.lax.top_k(logits, max(ranks) + 1)[1][..., list(ranks)]
         value = jnp.any(guessed == token[..., None], axis=-1).astype(jnp.float32)
+        if exact:  # p's mass on the guesses (distinct ids: distinct ranks)
+          value = jnp.where(kept, jnp.sum(jnp.take_along_axis(law, guessed, axis=-1), -1), value)
       elif sampling.is_greedy:  # the draft's greedy guess, as ``draft_chain.draw`` makes it
         value = (guesses == token).astype(jnp.float32)
       else:
-        q = jnp.take_along_axis(sampling_lib.probabilities(logits, sampling), token[..., None],
-                                axis=-1)[..., 0]
-        value = jnp.minimum(1.0, q / jnp.maximum(p, 1e-30))
+        q = sampling_lib.probabilities(logits, sampling)
+        value = jnp.minimum(1.0, jnp.take_along_axis(q, token[..., None], axis=-1)[..., 0]
+                            / jnp.maximum(p, 1e-30))
+        if exact:
+          value = jnp.where(kept, jnp.sum(jnp.minimum(law, q), axis=-1), value)
       scored = fed & (p > 0) & active[:, None]
       return (jnp.sum(jnp.where(scored, value, 0.0), axis=1),
               jnp.sum(scored, axis=1, dtype=jnp.float32))
 
-    inner, scored = state.inner, min(LOOK_SCORED, self.look_span)
+    inner, scored = state.inner, self.scored
     if self.look_span > scored:  # the span's first tokens, not scored
       inner = self.largest.sync(params, inner, text.tokens, text.lengths - scored,
                                 self.look_span - scored)
@@ -356,8 +390,10 @@ class MenuEntry(GammaChain):
     if g == 0:
       inner, values = state.inner, jnp.zeros_like(state.acceptance)
       observed = jnp.zeros_like(drifting)
-      if parent.looks:  # the drawn token's probability, for the look that scores the draft
-        state = state.replace(plain_p=record_plain(state.plain_p, text.lengths, outcome))
+      if parent.looks:  # the drawn token's probability and law, for the look's scores
+        # (the law only for the tokens the next look scores: the last before it is due)
+        due = state.plain_run + parent.scored >= state.look_every
+        state = state.replace(**record_plain(state, text.lengths, outcome, due))
       if parent.shadow is not None:  # the free guess, scored by the token the target emitted
         guess = Candidates(tokens=state.shadow, q=None, kind=CHAIN)
         inner = parent.shadow.commit(params, state.inner, guess, outcome)
@@ -395,20 +431,32 @@ def first_level(candidates: Candidates) -> jax.Array:
   return jnp.where(first, tokens, -1)
 
 
-def record_plain(plain_p: jax.Array, position: jax.Array, outcome) -> jax.Array:
-  """``plain_p`` with the target's probability of the token a plain iteration drew (the new
-  pending token, at text position ``position`` int32[B]) written for the active rows: 1 at
-  T = 0 (a mark: the draft's guess is scored by the match), p(x) under the run's law else."""
+def record_plain(state: AdaptiveState, position: jax.Array, outcome, keep_law) -> dict:
+  """``state``'s ``plain_p`` with the target's probability of the token a plain iteration drew
+  (the new pending token, at text position ``position`` int32[B]) written for the active rows:
+  1 at T = 0 (a mark: the draft's guess is scored by the match), p(x) under the run's law else;
+  and at T > 0 where ``keep_law`` (bool[]), that law into ``plain_laws`` (slot: the position
+  mod its slots) with the position in ``law_cols``. Returns the three fields, new."""
   sampling = outcome.sampling
   if sampling is None:
     raise ValueError("the adaptive look needs the run's sampling in the Outcome")
+  rows = jnp.arange(position.shape[0])
+  laws, law_cols = state.plain_laws, state.law_cols
   if sampling.is_greedy:
     p = jnp.ones(position.shape, jnp.float32)
   else:
     law = sampling_lib.probabilities(outcome.logits[:, 0], sampling)
     p = jnp.take_along_axis(law, outcome.next_token[:, None], axis=1)[:, 0]
-  cols = jnp.where(outcome.active, position, plain_p.shape[1])
-  return plain_p.at[jnp.arange(position.shape[0]), cols].set(p, mode="drop")
+    slots = law_cols.shape[1]
+    if slots and law.shape[-1] == laws.shape[-1]:
+      slot = jnp.where(outcome.active, position % slots, slots)  # inactive rows: dropped
+      laws, law_cols = jax.lax.cond(
+          keep_law, lambda kept: (kept[0].at[rows, slot].set(law, mode="drop"),
+                                  kept[1].at[rows, slot].set(position, mode="drop")),
+          lambda kept: kept, (laws, law_cols))
+  cols = jnp.where(outcome.active, position, state.plain_p.shape[1])
+  return dict(plain_p=state.plain_p.at[rows, cols].set(p, mode="drop"), plain_laws=laws,
+              law_cols=law_cols)
 
 
 def check_menu(choices, rule: str) -> tuple[int, ...]:
