@@ -43,9 +43,9 @@ Rules (``RULES``):
   p kept for those tokens (``record_plain``); a tree whose first level is the draft's top k:
   whether the token is among them, at T > 0 p's mass on them), and the choice is made with
   that; the deeper positions, which a look does not score, are capped at the first's new
-  estimate. Its estimates do not drift in plain
-  iterations: a resumption rests on what the draft would have done at the end of the stretch,
-  at two draft passes per span (the catch-up it would need anyway, and the scored tokens).
+  estimate. Its estimates do not drift in plain iterations: a resumption rests on what the
+  draft would have done at the end of the stretch, at two draft passes per span (the catch-up
+  it would need anyway, and the scored tokens).
 * ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
   "heuristic"``): +2 drafts after an iteration in which every active row accepted all its
   drafts, else -1 (never below the smallest positive entry), starting at the largest entry.
