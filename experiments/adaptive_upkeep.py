@@ -13,8 +13,10 @@ cut to each depth of the menu) instead of the draft's chain.
 Settings: ``looks`` (the code as it is: a look after 2k plain tokens, k the largest choice,
 scoring the last ``LOOK_SCORED`` of them, each look that leaves the rule plain doubling the span
 up to ``LOOK_BACKOFF`` x), ``looks scoring every token, every 2k`` (the same loop with
-``LOOK_SCORED`` = 2k and ``LOOK_BACKOFF`` = 1: the looks of sessions 24-31), ``no looks`` (the
-span past the run's end: the draft's prefill and the rule's bookkeeping only). Each setting's
+``LOOK_SCORED`` = 2k and ``LOOK_BACKOFF`` = 1: the looks of sessions 24-31), at T > 0 ``looks
+scoring one draw`` (``KEEP_LAWS`` off: no target laws kept, each guess scored by one draw's
+min(1, q(x) / p(x)), the looks before session 37), ``no looks`` (the span past the run's end:
+the draft's prefill and the rule's bookkeeping only). Each setting's
 median time over ``--rounds`` interleaved calls (``time_settings``), as a speed relative to
 autoregressive decoding's (wall clock and process CPU time; the CPU time is less disturbed by a
 busy neighbour).
@@ -91,6 +93,8 @@ def upkeep(target, draft, prompts, max_new_tokens: int, temperature: float = 0.0
       "looks": (plain, {}),
       f"looks scoring every token, every {span}": (
           dataclasses.replace(plain, decay=0.11), dict(LOOK_SCORED=span, LOOK_BACKOFF=1)),
+      **({} if sampling.is_greedy else {"looks scoring one draw": (
+          dataclasses.replace(plain, decay=0.13), dict(KEEP_LAWS=False))}),
       # the first span past the run's end (its passes are compiled, never run)
       "no looks": (dataclasses.replace(plain, decay=0.12),
                    dict(LOOK_SPAN=max_new_tokens // MENU[-1] + 1)),

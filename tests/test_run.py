@@ -499,14 +499,19 @@ class AdaptiveUpkeepTest(absltest.TestCase):
     self.assertTrue(all(wall > 0 and cpu > 0 for wall, cpu in medians.values()))
     self.assertEqual((adaptive.LOOK_SPAN, adaptive.LOOK_SCORED, adaptive.LOOK_BACKOFF), before)
 
-  @pytest.mark.slow  # ~50 s: six tree entries' loops compiled per setting
+  @pytest.mark.slow  # ~60 s: six tree entries' loops compiled per setting
   def test_upkeep_over_a_tree(self):
+    """At T > 0, with the looks that score one draw beside the shipped ones."""
     from experiments import adaptive_upkeep, random_models
+    from specjax.proposers import adaptive
 
     target, draft = random_models.random_pair(seed=0)
     medians = adaptive_upkeep.upkeep(target, draft, [list(b"def f(x):")], max_new_tokens=24,
-                                     rounds=1, tree="dynamic:6x2x6")
+                                     temperature=1.0, rounds=1, tree="dynamic:6x2x6")
+    self.assertEqual(list(medians), ["autoregressive", "looks", "looks scoring every token, "
+                                     "every 12", "looks scoring one draw", "no looks"])
     self.assertTrue(all(wall > 0 and cpu > 0 for wall, cpu in medians.values()))
+    self.assertTrue(adaptive.KEEP_LAWS)  # restored after tracing
 
 
 class AdaptiveWrapperTest(absltest.TestCase):
