@@ -17,7 +17,10 @@ generate an answer token) and their soft labels are still the target's. On the a
 (11.6k tokens) an EAGLE-3 head for SmolLM2 agreed with the target on 0.72 of its training
 positions after 100 steps but on 0.26 of held-out ones, learning the answers by heart; with 384
 text rows it reached 0.33 held out after 300 steps, still rising, and with three times the
-answers and the text (configs/train_eagle3_smollm2.py) 0.55 after 550. Batches take
+answers and the text (configs/train_eagle3_smollm2.py) 0.55 after 550. ``self_instructions``
+adds requests the target writes itself (``specjax.training.self_instructions``, Magpie; cached
+in ``data/``), answered the same way: with 288 of them the EAGLE-3 head drafted more on all
+three of the benchmark's prompt sets (docs/benchmarks.md, session 38). Batches take
 ``answer_share`` of their rows from the answers. The benchmark's own prompts
 (``experiments.prompts.CHAT``, ``PYTHON``, ``CODE_EDIT``) are never trained on: they are the
 held-out acceptance check (``eval_prompts``).
@@ -43,9 +46,12 @@ from specjax.training.progress import log
 
 REPORT_FILE = "train_report.json"
 # The EAGLE-1 and EAGLE-3 heads' data (configs/train_eagle{,3}_smollm2.py, one dict so that the
-# two always train on the same): three times base_config's, which the other heads keep, and 96
-# code edits (stdlib functions asked back with a change: what teaches a head to copy).
-EAGLE_DATA = dict(chat_prompts=288, code_prompts=96, edit_prompts=96, text_rows=1152)
+# two always train on the same): three times base_config's, which the other heads keep, 96 code
+# edits (stdlib functions asked back with a change: what teaches a head to copy) and 288
+# requests the target writes itself (Magpie: its own instruction distribution, far wider than
+# the templates').
+EAGLE_DATA = dict(chat_prompts=288, code_prompts=96, edit_prompts=96, self_instructions=288,
+                  text_rows=1152)
 
 
 def base_config():
@@ -80,6 +86,9 @@ def base_config():
                                # change (answers of edit_answer_tokens; prompts that do not fit
                                # a row with them are left out)
       edit_answer_tokens=64,
+      self_instructions=0,     # requests the target writes itself (training.self_instructions,
+                               # Magpie), answered like chat_prompts (answer_tokens each)
+      self_temperature=0.8,    # their sampling temperature
       prompt_tokens=48,
       answer_tokens=96,        # max_new_tokens of each answer
       seq_len=160,             # row length (prompt tail + answer)
@@ -131,6 +140,15 @@ def training_rows(config, target, tokenizer, cache_dir: pathlib.Path) -> dict:
                                         cache_dir=cache_dir)
     prompts = prompts + edits
     tokens, mask = np.concatenate([tokens, edit_tokens]), np.concatenate([mask, edit_mask])
+  if int(e.self_instructions):  # the target's own requests (Magpie), answered like the chats
+    own = [p for p in cached_self_instructions(target, tokenizer, int(e.self_instructions),
+                                               float(e.self_temperature), seed, cache_dir)
+           if p not in held_out]
+    own = teacher_prompts(tokenizer, own, [], 0)
+    own_tokens, own_mask = eagle_rows(target, own, int(e.answer_tokens), tokenizer.eos_token_id,
+                                      int(e.seq_len), cache_dir=cache_dir)
+    prompts = prompts + own
+    tokens, mask = np.concatenate([tokens, own_tokens]), np.concatenate([mask, own_mask])
   t2 = time.time()
   order = np.random.default_rng([seed, 11]).permutation(len(tokens))  # chats and code mixed
   tokens, mask = tokens[order], mask[order]
@@ -156,6 +174,24 @@ def training_rows(config, target, tokenizer, cache_dir: pathlib.Path) -> dict:
           "seconds": {"prompts": t1 - t0, "answers": t2 - t1, "text": time.time() - t2},
           "sizes": {"prompts": len(prompts), "answer_tokens": int(mask.sum()),
                     "text_tokens": int(text.size), "rows": len(tokens) + len(text)}}
+
+
+def cached_self_instructions(target, tokenizer, n: int, temperature: float, seed: int,
+                             cache_dir: pathlib.Path) -> list[str]:
+  """``specjax.training.self_instructions`` of ``target``, cached in ``cache_dir`` (keyed by the
+  target's parameters and the settings): sampled text is only reproducible on one machine."""
+  from specjax.training import self_instructions
+  from specjax.training.eagle_data import fingerprint
+
+  path = cache_dir / f"instructions-{fingerprint(target)}-{n}-{temperature}-{seed}.json"
+  if path.exists():
+    return json.loads(path.read_text())
+  t0 = time.time()
+  found = self_instructions(target, tokenizer, n, temperature, seed=seed)
+  cache_dir.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(found, indent=0))
+  log(f"data: {len(found)} instructions written by the target ({time.time() - t0:.0f}s)")
+  return found
 
 
 def eval_prompt_sets(config, tokenizer) -> dict[str, list[list[int]]]:

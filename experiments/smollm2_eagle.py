@@ -16,7 +16,7 @@ Crash safety and concurrency are ``experiments.default_pair``'s: a ``.partial`` 
 exclusive lock, the marker written last, an incomplete directory rebuilt; an interrupted build's
 cached answers and features are lost with its ``.partial`` directory.
 
-Cache location: ``cache_root()/smollm2-{kind}-v3`` for EAGLE-1 and EAGLE-3, ``-v1`` for the
+Cache location: ``cache_root()/smollm2-{kind}-v4`` for EAGLE-1 and EAGLE-3, ``-v1`` for the
 others (``cache_root()``: ``$SPECJAX_CACHE``, ``$XDG_CACHE_HOME/specjax`` or ``~/.cache/specjax``).
 """
 
@@ -32,8 +32,9 @@ from specjax.cache import cache_root
 
 KINDS = ("eagle3", "eagle", "medusa", "hydra", "mtp")
 # v2: EAGLE-1 and EAGLE-3 on three times the other heads' data (eagle_phase.EAGLE_DATA); v3: and
-# code edits; EAGLE-3 with a 4096-token head, 750 steps, its midlayer from SmolLM2's layer 27.
-VERSIONS = {"eagle3": "smollm2-eagle3-v3", "eagle": "smollm2-eagle-v3",
+# code edits; EAGLE-3 with a 4096-token head, 750 steps, its midlayer from SmolLM2's layer 27;
+# v4: and 288 requests the target wrote itself (Magpie); EAGLE-3 1100 steps.
+VERSIONS = {"eagle3": "smollm2-eagle3-v4", "eagle": "smollm2-eagle-v4",
             "medusa": "smollm2-medusa-v1", "hydra": "smollm2-hydra-v1", "mtp": "smollm2-mtp-v1"}
 HEAD_FILES = {"eagle3": ("config.json", "model.safetensors"),
               "eagle": ("config.json", "model.safetensors"),
@@ -43,7 +44,7 @@ HEAD_FILES = {"eagle3": ("config.json", "model.safetensors"),
 # A first build on a quiet 2-core box (each config's docstring; Medusa, Hydra and MTP were timed
 # on a shared one: docs/benchmarks.md).
 BUILD_TIMES = {"eagle": "about 9 minutes on 2 CPU cores",
-               "eagle3": "about 16 minutes on 2 CPU cores",
+               "eagle3": "about 17 minutes on 2 CPU cores",
                "medusa": "15-20 minutes on 2 CPU cores", "hydra": "20-40 minutes on 2 CPU cores",
                "mtp": "20-40 minutes on 2 CPU cores"}
 _CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"

@@ -77,13 +77,13 @@ class PipelineTest(TeacherDirTest):
         mock.patch.object(smollm2_eagle, "train_config",
                           return_value=self.config("eagle")) as get:
       dest = smollm2_eagle.smollm2_head_dir("eagle")
-      self.assertEqual(dest.name, "smollm2-eagle-v3")
+      self.assertEqual(dest.name, "smollm2-eagle-v4")
       (dest / "head").mkdir(parents=True)  # an interrupted build: rebuilt, not used
       head_dir = smollm2_eagle.ensure_smollm2_head("eagle", verbose=False)
       self.assertEqual(head_dir, dest / "head")
       self.assertTrue(default_pair.is_complete(dest, ("head",), smollm2_eagle.HEAD_FILES["eagle"]))
       marker = json.loads((dest / default_pair.MARKER).read_text())
-      self.assertEqual(marker["version"], "smollm2-eagle-v3")
+      self.assertEqual(marker["version"], "smollm2-eagle-v4")
       report = json.loads((dest / eagle_phase.REPORT_FILE).read_text())
       self.assertEqual(report["acceptance"], {})  # skipped on first use
       self.assertLen(report["train"]["agreement"], 2)
@@ -95,6 +95,75 @@ class PipelineTest(TeacherDirTest):
       out = sj.generate(target, [[5, 17, 42, 3]], sj.Eagle(head, gamma=2), max_new_tokens=6)
       ref = sj.generate(target, [[5, 17, 42, 3]], max_new_tokens=6)
       np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+  def _chat_tokenizer(self):
+    tokenizer = sj.load_tokenizer(str(self.teacher_dir))
+    tokenizer.chat_template = ("{% for m in messages %}<{{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}>{% endif %}")
+    return tokenizer
+
+  def test_self_instructions_are_the_targets_own_finished_requests(self):
+    from specjax.decoding import generate as generate_lib
+    tokenizer, target = self._chat_tokenizer(), sj.load_model(str(self.teacher_dir))
+    prefix = tokenizer.encode("<", add_special_tokens=False)  # the template before the request
+    end = tokenizer.encode("\n>", add_special_tokens=False)[0]  # the first token after it
+    words = [tokenizer.encode(w, add_special_tokens=False) for w in ("def", " f", "ab")]
+    rows = [words[0] + words[1] + [end], words[2] + [end], words[0] + words[1] + [end],
+            words[2] + words[1], [end], words[1] + [end, 7], words[0]]
+    # ended, ended, a repeat, unfinished, empty, ended (tokens after the end are not its),
+    # unfinished
+    tokens = np.zeros((8, 12), np.int32)
+    lengths = np.zeros(8, np.int32)
+    for i, row in enumerate(rows):
+      n = row.index(end) + 1 if end in row else len(row)
+      tokens[i, :len(row)], lengths[i] = row, n
+    fake = generate_lib.GenerateOutput(tokens=tokens, lengths=lengths, stats=None)
+    with mock.patch.object(generate_lib, "generate", return_value=fake) as gen:
+      found = training.self_instructions(target, tokenizer, 4, temperature=0.7, max_tokens=12,
+                                         seed=5)
+    self.assertEqual(found, [tokenizer.decode(words[0] + words[1]).strip(),
+                             tokenizer.decode(words[2]).strip(),
+                             tokenizer.decode(words[1]).strip()])
+    (model, prompts), kwargs = gen.call_args
+    self.assertIs(model, target)
+    self.assertEqual(prompts, [prefix] * 8)  # 2 n rows
+    self.assertEqual(kwargs["eos_token_id"], [end])
+    self.assertEqual(kwargs["max_new_tokens"], 12)
+    self.assertEqual(kwargs["sampling"].temperature, 0.7)
+    np.testing.assert_array_equal(jax.random.key_data(kwargs["key"]),
+                                  jax.random.key_data(jax.random.key(5)))
+    with mock.patch.object(generate_lib, "generate", return_value=fake):
+      self.assertLen(training.self_instructions(target, tokenizer, 2, 0.7, 12, seed=5), 2)
+    real = training.self_instructions(target, tokenizer, 4, max_tokens=8)  # the real sampler
+    self.assertEqual(real, training.self_instructions(target, tokenizer, 4, max_tokens=8))
+    self.assertLessEqual(len(real), 4)
+    with self.assertRaisesRegex(ValueError, "need n >= 1, temperature > 0 .* got 0, 0.8, 48"):
+      training.self_instructions(target, tokenizer, 0)
+    with self.assertRaisesRegex(ValueError, "needs a chat model"):
+      training.self_instructions(target, sj.load_tokenizer(str(self.teacher_dir)), 2)
+
+  def test_self_instructions_add_answer_rows_cached_and_held_out_free(self):
+    tokenizer, target = self._chat_tokenizer(), sj.load_model(str(self.teacher_dir))
+    from experiments.prompts import CHAT
+    c = self.config("eagle3")
+    c.eagle.self_instructions, c.eagle.seq_len = 3, 60  # rows hold whole prompts
+    own = ["def f(a):", "return a + 1", CHAT[0]]  # the benchmark's prompt is left out
+    cache = self.tmp / "own_rows"
+    with mock.patch.object(training, "self_instructions", return_value=own) as write:
+      data = eagle_phase.training_rows(c, target, tokenizer, cache)
+      again = eagle_phase.training_rows(c, target, tokenizer, cache)
+    self.assertEqual(write.call_count, 1)  # the second read the cache
+    self.assertEqual(write.call_args.args[2:4], (3, 0.8))
+    np.testing.assert_array_equal(data["tokens"], again["tokens"])
+    c.eagle.self_instructions = 0
+    plain = eagle_phase.training_rows(c, target, tokenizer, cache)
+    self.assertEqual(data["sizes"]["prompts"], plain["sizes"]["prompts"] + 2)
+    rows = [r.tolist() for r in data["tokens"]]
+    for text in own[:2]:  # each in the chat template, then the target's answer
+      prompt = tokenizer.encode(tokenizer.apply_chat_template(
+          [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True),
+          add_special_tokens=False)
+      self.assertTrue(any(r[:len(prompt)] == prompt for r in rows))
 
   def test_edit_prompts_need_a_chat_model(self):
     c = self.config("eagle3")

@@ -138,6 +138,18 @@ class PiecesTest(absltest.TestCase):
     self.assertAlmostEqual(training.greedy_agreement(a, b, tokens), float((ta == tb).mean()))
 
 
+  def test_top1_agreement_is_argmax_agreement(self):
+    from specjax.training.losses import top1_agreement
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(2, 50, 33)), rng.normal(size=(2, 50, 33))
+    b[0, :25] = a[0, :25] * 2.0 + 1.0  # half the rows agree by construction
+    want = (np.argmax(a, -1) == np.argmax(b, -1)).astype(np.float32)
+    self.assertBetween(float(want.mean()), 0.2, 0.8)
+    np.testing.assert_array_equal(top1_agreement(jnp.asarray(a), jnp.asarray(b)), want)
+    tied = jnp.asarray([[1.0, 3.0, 3.0], [1.0, 3.0, 3.0]])  # any tied top counts
+    np.testing.assert_array_equal(
+        top1_agreement(jnp.asarray([[0.0, 0.0, 5.0], [5.0, 0.0, 0.0]]), tied), [1.0, 0.0])
+
 class TrainingTest(absltest.TestCase):
 
   @classmethod

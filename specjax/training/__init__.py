@@ -28,8 +28,8 @@ app over it.
 """
 
 from specjax.training.checkpoint import checkpoint_manager, restore_checkpoint, save_checkpoint
-from specjax.training.data import (Batches, eval_windows, frequent_ids, teacher_answers,
-                                   teacher_prompts, teacher_samples)
+from specjax.training.data import (Batches, eval_windows, frequent_ids, self_instructions,
+                                   teacher_answers, teacher_prompts, teacher_samples)
 from specjax.training.eagle import (draft_vocabulary, eagle_defaults, eagle_rows,
                                     init_eagle_head, train_eagle)
 from specjax.training.evaluation import evaluate, greedy_agreement, mean_kl
@@ -47,6 +47,6 @@ __all__ = [
     "export_model", "fit", "frequent_ids", "greedy_agreement", "grow_model", "init_eagle_head",
     "initial_model", "kl_divergence", "learning_rate", "load_exported", "make_optimizer",
     "make_train_step", "mean_kl", "model_config", "restore_checkpoint", "save_checkpoint",
-    "set_verbose", "teacher_answers", "teacher_prompts", "teacher_samples", "train_defaults",
-    "train_eagle", "train_model",
+    "self_instructions", "set_verbose", "teacher_answers", "teacher_prompts", "teacher_samples",
+    "train_defaults", "train_eagle", "train_model",
 ]

@@ -65,6 +65,45 @@ def teacher_prompts(tokenizer, instructions: Sequence[str], code_texts: Sequence
   return chat + code
 
 
+def self_instructions(model, tokenizer, n: int, temperature: float = 0.8,
+                      max_tokens: int = 48, seed: int = 0) -> list[str]:
+  """Up to ``n`` distinct user instructions written by ``model`` itself (Magpie: Xu et al. 2024,
+  arXiv 2406.08464): its chat template up to the start of a user turn, sampled at
+  ``temperature`` until the end of that turn; rows that do not end it within ``max_tokens``
+  tokens are dropped, so fewer than ``n`` may come back (``2 n`` rows are sampled, in one
+  ``sj.generate`` batch). An aligned chat model writes the requests it was tuned on, so its
+  answers to them are on-policy data from its own instruction distribution, far wider than
+  a template's (SmolLM2-135M at 0.8: recipes, careers, sustainability, small Python tasks).
+  Deterministic for a given ``seed``, model and machine."""
+  import jax
+
+  from specjax.decoding.generate import generate
+  from specjax.sampling import Sampling
+
+  if n < 1 or not 0 < temperature or max_tokens < 2:
+    raise ValueError(f"need n >= 1, temperature > 0 and max_tokens >= 2, got {n}, "
+                     f"{temperature}, {max_tokens}")
+  if not getattr(tokenizer, "chat_template", None):
+    raise ValueError("self_instructions needs a chat model: the tokenizer has no chat template")
+  marker = "\x00INSTRUCTION\x00"
+  text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
+                                       add_generation_prompt=True)
+  head, tail = text.split(marker)
+  end_ids = tokenizer.encode(tail, add_special_tokens=False)[:1]  # the end-of-turn token
+  prefix = tokenizer.encode(head, add_special_tokens=False)
+  out = generate(model, [prefix] * (2 * n), sampling=Sampling(temperature=temperature),
+                 max_new_tokens=max_tokens, key=jax.random.key(seed), eos_token_id=end_ids)
+  seen, found = set(), []
+  for row, length in zip(np.asarray(out.tokens), np.asarray(out.lengths)):
+    if length < 2 or int(row[length - 1]) != end_ids[0]:
+      continue  # unfinished within max_tokens
+    instruction = tokenizer.decode([int(t) for t in row[:length - 1]]).strip()
+    if instruction and instruction not in seen:
+      seen.add(instruction)
+      found.append(instruction)
+  return found[:n]
+
+
 def teacher_answers(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                     eos_token_id: int | None) -> list[np.ndarray]:
   """int32 greedy continuation of each prompt by ``model`` (a loaded ``Transformer``), up to

@@ -70,6 +70,7 @@ from specjax.training.eagle_forward import (Spec, head_logits, smooth_l1, soft_c
                                             step_head, step_inputs, step_mask, ttt_forward)
 from specjax.training.forward import mm, split
 from specjax.training.head_loop import log_times, loop_defaults, row_weights, train_head_steps
+from specjax.training.losses import top1_agreement
 from specjax.training.optim import make_optimizer
 from specjax.training.progress import log
 
@@ -205,7 +206,7 @@ def _loss(params, graphdef, rest, batch, consts, key, spec: Spec):
     label = labels[:, k:k + t]
     logits = head_logits(step_head(head, k), consts["label_w"], out, spec.compute_dtype)
     ce = soft_cross_entropy(label, logits, mask)
-    hit = (jnp.argmax(logits, -1) == jnp.argmax(label, -1)).astype(jnp.float32)
+    hit = top1_agreement(logits, label)
     accs.append(jnp.sum(hit * mask) / jnp.maximum(jnp.sum(mask), 1.0))
     ces.append(ce)
     loss = loss + spec.decay ** k * ce
