@@ -19,8 +19,9 @@ positions after 100 steps but on 0.26 of held-out ones, learning the answers by 
 text rows it reached 0.33 held out after 300 steps, still rising, and with three times the
 answers and the text (configs/train_eagle3_smollm2.py) 0.55 after 550. ``self_instructions``
 adds requests the target writes itself (``specjax.training.self_instructions``, Magpie; cached
-in ``data/``), answered the same way: with 288 of them the EAGLE-3 head drafted more on all
-three of the benchmark's prompt sets (docs/benchmarks.md, session 38). Batches take
+in ``data/``), answered the same way: with 288 of them and 1100 steps the EAGLE-3 head drafted
+as much or more on all three of the benchmark's prompt sets as without them (docs/benchmarks.md,
+session 38). Batches take
 ``answer_share`` of their rows from the answers. The benchmark's own prompts
 (``experiments.prompts.CHAT``, ``PYTHON``, ``CODE_EDIT``) are never trained on: they are the
 held-out acceptance check (``eval_prompts``).

@@ -141,6 +141,12 @@ class PipelineTest(TeacherDirTest):
       training.self_instructions(target, tokenizer, 0)
     with self.assertRaisesRegex(ValueError, "needs a chat model"):
       training.self_instructions(target, sj.load_tokenizer(str(self.teacher_dir)), 2)
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['content'] | lower }}>{% endfor %}"
+    with self.assertRaisesRegex(ValueError, "does not place a user message verbatim"):
+      training.self_instructions(target, tokenizer, 2)
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['content'] }}{% endfor %}"
+    with self.assertRaisesRegex(ValueError, "puts nothing after a user message"):
+      training.self_instructions(target, tokenizer, 2)
 
   def test_self_instructions_add_answer_rows_cached_and_held_out_free(self):
     tokenizer, target = self._chat_tokenizer(), sj.load_model(str(self.teacher_dir))

@@ -1,5 +1,6 @@
 """Training data as token streams: random windows per step, validation windows, the most frequent
-ids of a stream (a reduced-vocabulary head), and a teacher's own greedy text (on-policy data).
+ids of a stream (a reduced-vocabulary head), a teacher's own greedy text (on-policy data) and
+requests a chat teacher writes itself (``self_instructions``).
 
 Batches are a pure function of ``(seed, step)``, so a run resumed from a checkpoint at any step
 sees exactly the batches an uninterrupted run would have seen.
@@ -88,8 +89,14 @@ def self_instructions(model, tokenizer, n: int, temperature: float = 0.8,
   marker = "\x00INSTRUCTION\x00"
   text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
                                        add_generation_prompt=True)
+  if text.count(marker) != 1:
+    raise ValueError("self_instructions: the chat template does not place a user message "
+                     "verbatim, so the text before one cannot be found")
   head, tail = text.split(marker)
   end_ids = tokenizer.encode(tail, add_special_tokens=False)[:1]  # the end-of-turn token
+  if not end_ids:
+    raise ValueError("self_instructions: the chat template puts nothing after a user message, "
+                     "so a sampled one has no end")
   prefix = tokenizer.encode(head, add_special_tokens=False)
   out = generate(model, [prefix] * (2 * n), sampling=Sampling(temperature=temperature),
                  max_new_tokens=max_tokens, key=jax.random.key(seed), eos_token_id=end_ids)
