@@ -181,6 +181,7 @@ def cached_self_instructions(target, tokenizer, n: int, temperature: float, seed
                              cache_dir: pathlib.Path) -> list[str]:
   """``specjax.training.self_instructions`` of ``target``, cached in ``cache_dir`` (keyed by the
   target's parameters and the settings): sampled text is only reproducible on one machine."""
+  from specjax.cache import atomic_path
   from specjax.training import self_instructions
   from specjax.training.eagle_data import fingerprint
 
@@ -189,8 +190,8 @@ def cached_self_instructions(target, tokenizer, n: int, temperature: float, seed
     return json.loads(path.read_text())
   t0 = time.time()
   found = self_instructions(target, tokenizer, n, temperature, seed=seed)
-  cache_dir.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(found, indent=0))
+  with atomic_path(path) as tmp:  # a crashed build leaves no half-written cache
+    tmp.write_text(json.dumps(found, indent=0))
   log(f"data: {len(found)} instructions written by the target ({time.time() - t0:.0f}s)")
   return found
 
