@@ -6,7 +6,9 @@ fixed draft length, under one measured cost table: the measurement behind its de
         --max_new_tokens=64 --chat_template
 
 Each prompt set's first ``num_prompts`` prompts, ``batch_size`` at a time (batch 1: each row's
-choices follow its own text, as in the runner's batch-1 cells).
+choices follow its own text, as in the runner's batch-1 cells). ``--warm`` (default) adds the
+defaults warmed as the runner's cost rule is (``sj.Adaptive.warmed``: every call started from the
+estimates a call on the first batch ended with).
 
 Costs. One ``sj.CostTable`` is measured first (the target's passes over 1..G + 1 tokens, the
 draft step and a bare iteration per draft length, jitted and timed side by side at the run's
@@ -48,6 +50,8 @@ flags.DEFINE_list("forgets", ["0.02", "0.05", "0.2"], "drift rates to try (at th
 flags.DEFINE_list("margins", ["0.05", "0.1"], "hysteresis margins to try (at the default "
                   "decay and prior)")
 flags.DEFINE_list("rules", ["schedule", "confidence"], "the other rules to run beside")
+flags.DEFINE_bool("warm", True, "also the defaults warmed (sj.Adaptive.warmed): every call "
+                  "started from the estimates the first batch's call ended with")
 flags.DEFINE_bool("chat_template", False, "wrap the prompts in the tokenizer's chat template")
 flags.DEFINE_string("costs_in", "", "a saved sj.CostTable to model with (skip the measurement)")
 flags.DEFINE_string("costs_out", "", "where to save the measured sj.CostTable")
@@ -98,6 +102,7 @@ def main(argv):
   del argv
   import specjax as sj
   from experiments import models
+  from specjax import options
 
   choices = tuple(int(k) for k in FLAGS.choices)
   gammas = tuple(k for k in choices if k > 0)
@@ -124,7 +129,7 @@ def main(argv):
 
   def show(name, out, seconds, model):
     rows[name] = model
-    counts = list(out.choices) if np.ndim(out.choices) else ""
+    counts = [int(c) for c in out.choices] if np.ndim(out.choices) else ""
     print(f"{name:44s} {out.tokens_per_call:8.3f} {model:8.3f} "
           f"{seconds / ar_s:7.3f}  {counts}", flush=True)
 
@@ -146,8 +151,16 @@ def main(argv):
     out, s = run_one(target, batches, method, FLAGS.max_new_tokens, eos)
     name = "adaptive " + " ".join(f"{k}={v}" for k, v in kwargs.items())
     show(name, out, s, modelled(out, table, method.choices) / ar_rate)
+  if FLAGS.warm:  # as the runner's adaptive_warm: from where a call on the first batch ended
+    first = sj.generate(target, batches[0], default, max_new_tokens=FLAGS.max_new_tokens,
+                        eos_token_id=eos)
+    warm = default.warmed(first.stats)
+    out, s = run_one(target, batches, warm, FLAGS.max_new_tokens, eos)
+    prior = " ".join(f"{p:.2f}" for p in warm.prior)
+    show(f"adaptive warmed (defaults; prior {prior})", out, s,
+         modelled(out, table, warm.choices) / ar_rate)
   best_fixed = max(v for k, v in rows.items() if k.startswith("speculative"))
-  defaults = rows.get(f"adaptive decay={default.decay} prior={default.prior}")
+  defaults = rows.get(f"adaptive decay={default.decay} prior={options.ADAPTIVE_DEFAULTS['prior']}")
   print(f"best fixed gamma (modelled): {best_fixed:.3f}; adaptive defaults: "
         f"{'not in the grid' if defaults is None else f'{defaults:.3f}'}")
 

@@ -255,7 +255,8 @@ def adaptive_table(cost: dict, base: str, temperature: float = 0.0) -> dict | No
 
 def _adaptive(config, s: dict, models: dict):
   """``sj.Adaptive`` over the base method built by its own entry at the largest choice, with the
-  run's measured table for that base (``s["cost_table"]``, set once the costs are measured)."""
+  run's measured table for that base (``s["cost_table"]``, set once the costs are measured) and
+  the prior ``s["prior"]`` once the warm-up set it (``adaptive_warm``), else ``adaptive_prior``."""
   import specjax as sj
   base = METHODS[s["base"]]
   table = s.get("cost_table")
@@ -263,7 +264,8 @@ def _adaptive(config, s: dict, models: dict):
   return sj.Adaptive(base.build(config, dict(s, method=base.name, tree=tree), models),
                      choices=tuple(s["choices"]), rule=s["rule"],
                      costs=sj.CostTable.from_dict(table) if table else None,
-                     decay=float(config.adaptive_decay), prior=float(config.adaptive_prior),
+                     decay=float(config.adaptive_decay),
+                     prior=tuple(s.get("prior") or (float(config.adaptive_prior),)),
                      forget=float(config.adaptive_forget),
                      threshold=float(config.adaptive_threshold),
                      margin=float(config.adaptive_margin), drift=str(config.adaptive_drift))

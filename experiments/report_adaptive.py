@@ -15,7 +15,8 @@ def adaptive_label(e: dict) -> str:
 
 
 def choice_lines(results: dict) -> list[str]:
-  """One line per adaptive setting: the share of loop iterations that ran each menu entry."""
+  """One line per adaptive setting: the share of loop iterations that ran each menu entry (and
+  the per-position prior its timed calls started from, where the warm-up set it)."""
   out = []
   for e in results.get("settings", []):
     counts = e.get("choice_counts")
@@ -24,8 +25,10 @@ def choice_lines(results: dict) -> list[str]:
     total = sum(counts) or 1
     shares = ", ".join(f"{k}: {n / total:.2f}" for k, n in zip(e["choices"], counts))
     mesh = f" mesh={e['mesh']}" if e.get("mesh") else ""
+    prior = (f"; prior from the warm-up {' '.join(f'{p:.2f}' for p in e['prior'])}"
+             if e.get("prior") else "")
     out.append(f"- {adaptive_label(e)}{mesh} T={e['temperature']:g}: {shares} "
-               f"({sum(counts)} iterations)")
+               f"({sum(counts)} iterations{prior})")
   return out
 
 

@@ -239,7 +239,9 @@ def run_experiment(config, command: str | None = None) -> dict:
       for rec in records:
         if bar is not None:
           bar.set_postfix_str(setting_label(rec), refresh=False)
-        rec["warmup_s"], _, _ = runner(rec, batches[0], (0, 0))
+        rec["warmup_s"], _, stats = runner(rec, batches[0], (0, 0))
+        if rec.get("rule") == "cost" and config.adaptive_warm:  # the timed calls start from
+          rec["prior"] = [float(x) for x in np.asarray(stats.acceptance_estimates)]  # its end
         rec["memory"] = runner.memory(rec, batches[0])
         if bar is not None:
           bar.update(1)

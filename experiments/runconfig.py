@@ -156,6 +156,8 @@ def base_config() -> ml_collections.ConfigDict:
   for name, value in options.ADAPTIVE_DEFAULTS.items():  # sj.Adaptive's own defaults
     c[f"adaptive_{name}"] = value
   c.adaptive_drift = options.ADAPTIVE_DRIFTS[0]  # untested positions drift toward: prior / first
+  # The cost rule's timed calls start from its warm-up's estimates (sj.Adaptive.warmed), not
+  c.adaptive_warm = True  # adaptive_prior; results.json records each setting's "prior"
   c.max_ngram = 3  # prompt_lookup: the longest n-gram looked up in the row's own text
   # Token trees and multi-draft methods run by method "tree", one setting per spec
   # (parse_tree_spec): full:DxB, chains:NxD, comb:DxW, dynamic:DxWxN (EAGLE-2), spectr:KxL

@@ -58,10 +58,11 @@ class Runner:
   def method(self, s: dict):
     """(role, sj method) of setting ``s``: its ``METHODS`` entry built once per (sweep value,
     mesh) on the models placed on that mesh, and per temperature for an adaptive setting (its
-    cost table is the one timed at its temperature)."""
+    cost table is the one timed at its temperature) and per prior (``adaptive_warm``: the
+    warm-up's estimates; traced, so the same compiled loop)."""
     table = s.get("cost_table")
     key = (s["method"], s["gamma"], s.get("tree"), s.get("mesh", ""), s.get("rule"),
-           None if table is None else s["temperature"])
+           None if table is None else s["temperature"], tuple(s.get("prior") or ()))
     if key not in self.methods:
       entry = METHODS[s["method"]]
       self.methods[key] = (entry.role,

@@ -237,7 +237,7 @@ class ChoiceTest(absltest.TestCase):
         proposer, params = method.proposer(target)
         state = proposer.prefill(params, jnp.asarray(text[:, :5]), jnp.asarray(prompt_lengths),
                                  capacity).inner
-        synced = proposer.largest.sync(params, state, jnp.asarray(text), jnp.asarray(lengths),
+        synced = proposer.largest.sync(params.inner, state, jnp.asarray(text), jnp.asarray(lengths),
                                        4).cache
         np.testing.assert_array_equal(np.asarray(synced.lengths), lengths)
         for b in range(2):
@@ -888,6 +888,59 @@ class PassesTest(absltest.TestCase):
       sj.Adaptive.passes(sj.Lookahead())
 
 
+class WarmTest(absltest.TestCase):
+  """A call started from where an earlier one's estimates ended (``sj.Adaptive.warmed``)."""
+
+  def test_warmed_starts_from_the_estimates_in_the_same_compiled_loop(self):
+    target, inner = methods()
+    expected = greedy_reference(TF_CONFIG, GREEDY_NEW)
+    cold = sj.Adaptive(inner["speculative"], choices=MENU, costs=table())
+    out = sj.generate(target, GREEDY_PROMPTS, cold, max_new_tokens=GREEDY_NEW)
+    estimates = np.asarray(out.stats.acceptance_estimates)
+    self.assertEqual(estimates.shape, (MENU[-1],))
+    self.assertTrue(np.all((estimates >= 0) & (estimates <= 1)), msg=str(estimates))
+    self.assertFalse(np.allclose(estimates, cold.prior), msg=str(estimates))  # it learned
+    self.assertEqual(out.stats.summary()["acceptance_estimates"], estimates.tolist())
+    warm = cold.warmed(out.stats)
+    np.testing.assert_allclose(warm.prior, estimates, rtol=1e-6)
+    compiled = loop.decode_jit._cache_size()
+    again = sj.generate(target, GREEDY_PROMPTS, warm, max_new_tokens=GREEDY_NEW)
+    self.assertEqual(loop.decode_jit._cache_size(), compiled)  # the prior is traced
+    np.testing.assert_array_equal(np.asarray(again.tokens), expected)
+    fixed = sj.generate(target, GREEDY_PROMPTS, inner["speculative"], max_new_tokens=4)
+    self.assertEqual(np.asarray(fixed.stats.acceptance_estimates).shape, (0,))
+
+  def test_the_prior_is_the_first_estimate_and_the_drift_target(self):
+    """Per position: the prefilled estimates are the prior's; the first choice follows them
+    (hopeless: plain decoding; certain: the largest entry); an untested position drifts
+    toward its own prior value."""
+    target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
+    prompt = jnp.asarray([[3, 4, 5], [6, 7, 8]], jnp.int32)
+    lengths = jnp.asarray([3, 3], jnp.int32)
+    pending = jnp.asarray([9, 10], jnp.int32)
+    keys = jax.random.split(jax.random.key(0), (2, MENU[-1]))
+    active, budget = jnp.asarray([True, True]), jnp.full((2,), 64, jnp.int32)
+    for prior, first in (((0.0, 0.0, 0.0), 0), ((1.0, 1.0, 1.0), 3), ((0.9, 0.5, 0.2), None)):
+      method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=table(),
+                           prior=prior, forget=0.5)
+      proposer, params = method.proposer(target)
+      state = proposer.prefill(params, prompt, lengths, 16)
+      np.testing.assert_allclose(np.asarray(state.acceptance), [prior, prior], rtol=1e-6)
+      index, _ = proposer.choose(params, state, pending, keys, S(0.0), active, budget)
+      if first is not None:
+        self.assertEqual(int(index), first, msg=str(prior))
+        continue
+      entry = proposer.variants[1]  # one draft: positions 2 and 3 drift
+      state = state.replace(acceptance=jnp.full(state.acceptance.shape, 0.6, jnp.float32))
+      candidates, proposed = entry.propose(params, state, pending, keys, S(0.0))
+      outcome = Outcome(target_length=lengths, path=jnp.full((2, 1), -1, jnp.int32),
+                        num_accepted=jnp.zeros((2,), jnp.int32), next_token=pending,
+                        active=active, logits=jnp.zeros((2, 2, TF_CONFIG.vocab_size)),
+                        accept_prob=None, sampling=S(0.0))
+      got = np.asarray(entry.commit(params, proposed, candidates, outcome).acceptance)
+      np.testing.assert_allclose(got[:, 1:], [[0.55, 0.4]] * 2, rtol=1e-6)  # 0.6 + 0.5 (p - 0.6)
+
+
 class ErrorTest(absltest.TestCase):
 
   def test_errors(self):
@@ -904,6 +957,11 @@ class ErrorTest(absltest.TestCase):
         (dict(method=spec, choices=(1, 3), rule="confidence"), "must include 1..3"),
         (dict(method=spec, decay=0.0, costs=FLAT), "decay must be a number in \\(0, 1\\], got 0.0"),
         (dict(method=spec, prior=1.5, costs=FLAT), "prior must be .* got 1.5"),
+        (dict(method=spec, choices=MENU, prior=(0.5, 1.2, 0.1), costs=table()),
+         "prior must be .* got 1.2"),
+        (dict(method=spec, choices=MENU, prior=(0.5, 0.5), costs=table()),
+         "prior must be one value or 3 .* got 2"),
+        (dict(method=spec, prior="high", costs=FLAT), "prior must be a number"),
         (dict(method=spec, margin=-0.1, costs=FLAT), "margin must be .* got -0.1"),
         (dict(method=spec, drift="last", costs=FLAT),
          "drift must be one of prior, first, got 'last'"),
@@ -926,6 +984,8 @@ class ErrorTest(absltest.TestCase):
       with self.subTest(message):
         with self.assertRaisesRegex(ValueError, message):
           sj.Adaptive(**kwargs)
+    with self.assertRaisesRegex(ValueError, "warmed needs 3 acceptance estimates .* got 0"):
+      sj.Adaptive(spec, choices=MENU, costs=table()).warmed(np.zeros((0,)))
 
 
 if __name__ == "__main__":

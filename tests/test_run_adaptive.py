@@ -72,6 +72,11 @@ class AdaptiveRunTest(absltest.TestCase):
     for e in self.saved["settings"]:
       if e["method"] != "adaptive":
         self.assertNotIn("choice_counts", e)  # fixed methods: an empty histogram, not shown
+    # the cost rule's timed calls started from its warm-up's estimates (adaptive_warm)
+    prior = saved[0]["prior"]
+    self.assertLen(prior, 2)
+    self.assertTrue(all(0.0 <= p <= 1.0 for p in prior), msg=str(prior))
+    self.assertNotIn("prior", saved[1])  # the schedule and the confidence rule need none
 
   def test_report(self):
     from experiments import report
@@ -85,7 +90,9 @@ class AdaptiveRunTest(absltest.TestCase):
     e = self.rows()[0]
     shares = ", ".join(f"{k}: {n / sum(e['choice_counts']):.2f}"
                        for k, n in zip(e["choices"], e["choice_counts"]))
-    self.assertIn(f"- adaptive cost (speculative 0..2) T=0: {shares}", self.md)
+    self.assertIn(f"- adaptive cost (speculative 0..2) T=0: {shares} ({e['iterations']} "
+                  f"iterations; prior from the warm-up "
+                  f"{' '.join(f'{p:.2f}' for p in e['prior'])})", self.md)
     self.assertIn("speculative == autoregressive: yes, token for token",
                   report.format_samples(self.results))
     reloaded = report.load_results(str(pathlib.Path(self.tmp.name, "results.json")))

@@ -6,11 +6,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax.numpy as jnp
+import numpy as np
+
 from specjax import options
 from specjax.decoding.methods import Jacobi, PromptLookup, SelfSpeculative, Speculative
 from specjax.models.transformer import Transformer
 from specjax.proposers import adaptive as adaptive_lib
-from specjax.proposers.adaptive import AdaptiveProposer
+from specjax.proposers.adaptive import AdaptiveParams, AdaptiveProposer
 from specjax.proposers.jacobi import JacobiProposer
 
 # The field that sets a chain method's draft length, for ``Adaptive``.
@@ -34,7 +37,10 @@ class Adaptive:
   the chosen entry's drafts, back to ``prior`` or, with ``drift="first"``, to the row's own
   first-position estimate; a skipped draft follows the text and is scored
   over the plain tokens), keeping the last entry unless the best beats it by the factor
-  ``1 + margin``; ``"schedule"`` is
+  ``1 + margin``. ``prior`` is one value, or one per position (the largest choice's many):
+  ``warmed(stats)`` starts from where an earlier call's estimates ended, as a server carries
+  them from request to request, and runs the same compiled loop (the prior is traced, not
+  compiled in); ``"schedule"`` is
   Hugging Face's +2/-1 heuristic; ``"confidence"`` stops the draft when its own probability of
   its guess falls below ``threshold`` (HF's 0.4; draft models only). The choice depends only on
   past iterations and the draft's own proposals, so every rule is lossless (``sj.Sampling``'s
@@ -46,7 +52,7 @@ class Adaptive:
   costs: Any = None
   rule: str = "cost"
   decay: float = options.ADAPTIVE_DEFAULTS["decay"]
-  prior: float = options.ADAPTIVE_DEFAULTS["prior"]
+  prior: float | tuple[float, ...] = options.ADAPTIVE_DEFAULTS["prior"]
   forget: float = options.ADAPTIVE_DEFAULTS["forget"]
   threshold: float = options.ADAPTIVE_DEFAULTS["threshold"]
   margin: float = options.ADAPTIVE_DEFAULTS["margin"]
@@ -59,9 +65,9 @@ class Adaptive:
       raise ValueError(f"sj.Adaptive wraps a chain method ({names}) or a tree method with "
                        f"at_depth (Retrieval, TreeSpeculative, SpecTr), got "
                        f"{type(self.method).__name__}")
-    object.__setattr__(self, "choices", adaptive_lib.check_menu(self.choices, self.rule))
-    adaptive_lib.check_settings(self.decay, self.prior, self.forget, self.threshold,
-                                self.margin, self.drift)
+    object.__setattr__(self, "choices", check_menu(self.choices, self.rule))
+    object.__setattr__(self, "prior", check_prior(self.prior, self.gamma))
+    check_settings(self.decay, self.forget, self.threshold, self.margin, self.drift)
     if self.rule == "confidence" and not isinstance(self.method, (Speculative, SelfSpeculative)):
       raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
                        f"{type(self.method).__name__} has none")
@@ -109,6 +115,19 @@ class Adaptive:
             if isinstance(method, (Speculative, SelfSpeculative)) else (),
             "draft_widths": tuple(sorted({w for entry in drafted for w in entry if w > 1}))}
 
+  def warmed(self, stats) -> "Adaptive":
+    """This method with ``prior`` set to the acceptance estimates an earlier call's ``stats``
+    (``sj.DecodeStats``, or its ``acceptance_estimates``) ended with: the next call starts
+    from the evidence already seen instead of the fixed prior (which, where the draft rarely
+    pays, has the first iterations speculate until the estimates come down). Lossless like
+    any prior: it depends on earlier calls only."""
+    estimates = getattr(stats, "acceptance_estimates", stats)
+    values = tuple(float(x) for x in np.asarray(estimates, np.float64).reshape(-1))
+    if len(values) != self.gamma:
+      raise ValueError(f"warmed needs {self.gamma} acceptance estimates (one per position of "
+                       f"the largest choice), got {len(values)}: stats of another method?")
+    return dataclasses.replace(self, prior=values)
+
   def at(self, gamma: int):
     """The wrapped method with ``gamma`` drafts per iteration (a tree method: ``gamma`` deep)."""
     if type(self.method) not in ADAPTIVE_LENGTH:
@@ -133,6 +152,50 @@ class Adaptive:
         proposers=proposers, choices=self.choices, rule=self.rule,
         costs=adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
                                       self.draft_widths),
-        decay=float(self.decay), prior=float(self.prior), forget=float(self.forget),
+        decay=float(self.decay), forget=float(self.forget),
         threshold=float(self.threshold), vocab_size=target.config.vocab_size,
-        margin=float(self.margin), shadow=shadow, drift=self.drift), built[-1][1]
+        margin=float(self.margin), shadow=shadow, drift=self.drift), AdaptiveParams(
+            inner=built[-1][1], prior=jnp.asarray(self.prior, jnp.float32))
+
+
+def check_menu(choices, rule: str) -> tuple[int, ...]:
+  """The menu as a tuple (``options.check_adaptive_menu``'s checks, and the confidence rule's
+  every length up to the largest), or a one-line ValueError naming what is wrong."""
+  if rule not in adaptive_lib.RULES:
+    raise ValueError(f"rule must be one of {adaptive_lib.RULES}, got {rule!r}")
+  try:
+    menu = tuple(choices)
+  except TypeError:
+    raise ValueError(f"choices must be a sequence of draft lengths, got {choices!r}") from None
+  options.check_adaptive_menu(choices)
+  if rule == "confidence" and not set(range(1, menu[-1] + 1)) <= set(menu):
+    raise ValueError(f"the confidence rule stops the draft at any length up to the largest "
+                     f"choice, so choices must include 1..{menu[-1]}, got {choices!r}")
+  return tuple(int(k) for k in menu)
+
+
+def check_prior(prior, depth: int) -> tuple[float, ...]:
+  """``sj.Adaptive``'s prior, one value or ``depth`` of them (one per position), each in [0,
+  1], as ``depth`` floats; else a one-line ValueError naming the value."""
+  prior = prior.tolist() if hasattr(prior, "tolist") else prior  # numpy / jax values
+  values = (prior,) if isinstance(prior, (int, float, str)) else prior
+  try:
+    values = tuple(values)
+  except TypeError:
+    raise ValueError(f"prior must be a number in [0, 1] or {depth} of them (one per position), "
+                     f"got {prior!r}") from None
+  if len(values) not in (1, depth):
+    raise ValueError(f"prior must be one value or {depth} (one per position of the largest "
+                     f"choice), got {len(values)}: {prior!r}")
+  for value in values:
+    options.check_unit_number(value, "prior")
+  return tuple(float(v) for v in values) * (depth if len(values) == 1 else 1)
+
+
+def check_settings(decay, forget, threshold, margin=0.0, drift="prior") -> None:
+  """The estimator's, the cost rule's and the confidence rule's settings (the prior:
+  ``check_prior``), or a one-line ValueError."""
+  options.check_adaptive_drift(drift)
+  options.check_unit_number(decay, "decay", open_at_zero=True)
+  for field, value in (("forget", forget), ("threshold", threshold), ("margin", margin)):
+    options.check_unit_number(value, field)

@@ -38,6 +38,9 @@ class DecodeStats:
   # int32[K] iterations that ran menu entry k of an adaptive method (``sj.Adaptive``; K = 0
   # for a fixed method).
   choice_counts: jax.Array
+  # float32[G] an adaptive method's per-position acceptance estimates where the call ended, the
+  # rows' mean (``sj.Adaptive.warmed`` starts a later call from them; G = 0 for a fixed method).
+  acceptance_estimates: jax.Array
   # "exact" for every lossless method; a lossy verifier's label (Medusa's typical acceptance at
   # T > 0: ``specjax.verify.typical``) otherwise, so no report mistakes its run for a lossless one.
   verifier: str = flax.struct.field(pytree_node=False, default="exact")
@@ -51,6 +54,7 @@ class DecodeStats:
                accepted_per_position=zi(gamma), proposed_per_position=zi(gamma),
                accepted_length_counts=zi(gamma + 1),
                alpha_sum=jnp.zeros((), jnp.float32), alpha_count=zi(), choice_counts=zi(choices),
+               acceptance_estimates=jnp.zeros((gamma if choices else 0,), jnp.float32),
                verifier=verifier)
 
   @property
@@ -102,4 +106,5 @@ class DecodeStats:
                 acceptance_by_position=[float(x) for x in self.acceptance_by_position],
                 accepted_length_counts=[int(x) for x in np.asarray(self.accepted_length_counts)],
                 choice_counts=[int(x) for x in np.asarray(self.choice_counts)],
+                acceptance_estimates=[float(x) for x in np.asarray(self.acceptance_estimates)],
                 verifier=self.verifier, lossless=self.verifier == "exact")

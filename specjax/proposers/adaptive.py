@@ -26,14 +26,15 @@ Rules (``RULES``):
   estimates are first pulled toward the batch's mean by as much as their own noise explains
   (``shrink``): the least of several noisy estimates is low, and it prices the batch.
   ``a_bj`` is a per-row running estimate of the acceptance at position j: a running average (the
-  prior counting as ``PRIOR_WEIGHT`` observations, then an exponential moving average of weight
-  ``decay`` on the newest observation: ``kept_weight``) of the verifier's exact acceptance
-  probability (T > 0: ``sum_x min(p, q)`` for sampled drafts, ``p(x)`` for deterministic ones; T =
-  0: the match indicator) at the positions whose test ran; positions past the chosen entry's
-  drafts drift back to ``prior`` (``drift="first"``: to the row's own first-position estimate)
-  at rate ``forget`` per iteration (what makes a longer entry worth a try again), while a
-  position the entry drafted but did not reach keeps its estimate (drifting it would bias a hard
-  text's estimates up). With choice 0 a draft-free proposer still makes its
+  prior, one value per position and an input of the loop (``AdaptiveParams``: a later call can start
+  from an earlier one's ``estimates``), counting as ``PRIOR_WEIGHT`` observations, then an
+  exponential moving average of weight ``decay`` on the newest observation: ``kept_weight``) of the
+  verifier's exact acceptance probability (T > 0: ``sum_x min(p, q)`` for sampled drafts, ``p(x)``
+  for deterministic ones; T = 0: the match indicator) at the positions whose test ran; positions
+  past the chosen entry's drafts drift back to ``prior`` (``drift="first"``: to the row's own
+  first-position estimate) at rate ``forget`` per iteration (what makes a longer entry worth a try
+  again), while a position the entry drafted but did not reach keeps its estimate (drifting it would
+  bias a hard text's estimates up). With choice 0 a draft-free proposer still makes its
   first guess (free) and the emitted token scores it (the deeper positions drift). A draft model
   is skipped (no draft step) and follows the text a span of plain tokens at a time (``look_span``:
   ``LOOK_SPAN`` x the largest choice, the ``look``; each look that leaves the rule plain doubles
@@ -123,6 +124,16 @@ class AdaptiveState:
   law_cols: jax.Array
 
 
+@flax.struct.dataclass
+class AdaptiveParams:
+  """The traced inputs of an ``AdaptiveProposer``: the wrapped proposer's own and the prior,
+  which the compiled loop takes as an argument, so that a call started from the estimates an
+  earlier call ended with (``sj.Adaptive.warmed``) runs the same compiled loop."""
+
+  inner: Any  # the wrapped proposer's params (a draft's weights; None for most draft-free ones)
+  prior: jax.Array  # float32[G] each position's starting estimate and drift target
+
+
 @dataclasses.dataclass(frozen=True)
 class AdaptiveProposer:
   """The proposer of ``sj.Adaptive``. ``proposers[i]`` drafts ``choices[i]`` tokens (a tree
@@ -136,7 +147,6 @@ class AdaptiveProposer:
   costs: tuple[float, ...]
   rule: str
   decay: float
-  prior: float
   forget: float
   threshold: float
   vocab_size: int
@@ -198,9 +208,9 @@ class AdaptiveProposer:
     plain_p = (batch, cache_length if self.looks else 0)
     slots = self.scored if self.looks and KEEP_LAWS else 0
     return AdaptiveState(
-        inner=self.largest.prefill(params, prompt, prompt_lengths, cache_length),
+        inner=self.largest.prefill(params.inner, prompt, prompt_lengths, cache_length),
         text=TokenHistory.of_prompt(prompt, prompt_lengths, cache_length),
-        acceptance=jnp.full((batch, g), self.prior, jnp.float32),
+        acceptance=jnp.broadcast_to(params.prior.astype(jnp.float32), (batch, g)),
         seen=jnp.zeros((batch, g), jnp.float32),
         shadow=jnp.full((batch, 1 if self.shadow is None else self.shadow.num_candidates), -1,
                         jnp.int32),
@@ -239,7 +249,7 @@ class AdaptiveProposer:
       return jnp.sum(choices <= state.gamma).astype(jnp.int32) - 1, state
     inner = self.sync_inner(params, state)
     count, drafts, laws, inner = self.largest.propose_confident(
-        params, inner, pending, keys, sampling, self.threshold, active)
+        params.inner, inner, pending, keys, sampling, self.threshold, active)
     return jnp.argmax(choices == count).astype(jnp.int32), state.replace(
         inner=inner, drafts=drafts, laws=laws)
 
@@ -314,10 +324,10 @@ class AdaptiveProposer:
 
     inner, scored = state.inner, self.scored
     if self.look_span > scored:  # the span's first tokens, not scored
-      inner = self.largest.sync(params, inner, text.tokens, text.lengths - scored,
+      inner = self.largest.sync(params.inner, inner, text.tokens, text.lengths - scored,
                                 self.look_span - scored)
-    inner, (total, count) = self.largest.sync(params, inner, text.tokens, text.lengths, scored,
-                                              score, sampling.is_greedy)
+    inner, (total, count) = self.largest.sync(params.inner, inner, text.tokens, text.lengths,
+                                              scored, score, sampling.is_greedy)
     first, seen = observe_many(state.acceptance[:, 0], state.seen[:, 0], count,
                                total / jnp.maximum(count, 1.0), self.decay)
     # The look scores first guesses only; a deeper position is taken to accept no more than the
@@ -332,8 +342,13 @@ class AdaptiveProposer:
     """The inner state caught up with the committed text (a skipped draft model)."""
     if not self.syncs:
       return state.inner
-    return self.largest.sync(params, state.inner, state.text.tokens, state.text.lengths,
+    return self.largest.sync(params.inner, state.inner, state.text.tokens, state.text.lengths,
                              self.depth)
+
+  def estimates(self, state: AdaptiveState) -> jax.Array:
+    """float32[G]: the rows' mean acceptance estimate per position, where the call ended
+    (``DecodeStats.acceptance_estimates``: a later call's prior, ``sj.Adaptive.warmed``)."""
+    return jnp.mean(state.acceptance, axis=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,13 +381,13 @@ class MenuEntry(GammaChain):
       none = Candidates(tokens=jnp.zeros((batch, 0), jnp.int32), q=None, kind=CHAIN)
       if parent.shadow is None:  # a draft model: skipped, caught up when speculation resumes
         return none, state
-      guess, inner = parent.shadow.propose(params, state.inner, pending, keys, sampling)
+      guess, inner = parent.shadow.propose(params.inner, state.inner, pending, keys, sampling)
       return none, state.replace(inner=inner, shadow=first_level(guess))
     if parent.rule == "confidence":  # drafted by ``choose``
       q = None if sampling.is_greedy else state.laws[:, :self.gamma]
       return Candidates(tokens=state.drafts[:, :self.gamma], q=q, kind=CHAIN), state
     candidates, inner = parent.proposers[self.index].propose(
-        params, parent.sync_inner(params, state), pending, keys, sampling)
+        params.inner, parent.sync_inner(params, state), pending, keys, sampling)
     return candidates, state.replace(inner=inner)
 
   def commit(self, params, state: AdaptiveState, candidates, outcome):
@@ -396,19 +411,20 @@ class MenuEntry(GammaChain):
         state = state.replace(**record_plain(state, text.lengths, outcome, due))
       if parent.shadow is not None:  # the free guess, scored by the token the target emitted
         guess = Candidates(tokens=state.shadow, q=None, kind=CHAIN)
-        inner = parent.shadow.commit(params, state.inner, guess, outcome)
+        inner = parent.shadow.commit(params.inner, state.inner, guess, outcome)
         hit = jnp.any(outcome.next_token[:, None] == state.shadow, axis=1).astype(jnp.float32)
         values = jnp.broadcast_to(hit[:, None], values.shape)
         observed = live & (pos == 0)
     else:
-      inner = parent.proposers[self.index].commit(params, state.inner, candidates, outcome)
+      inner = parent.proposers[self.index].commit(params.inner, state.inner, candidates,
+                                                  outcome)
       # A chain's exact acceptance probabilities; a tree's level reached or not (the loop's
       # tree rules report none): each an unbiased observation of the level's acceptance.
       values = (pos < n[:, None]).astype(jnp.float32) if outcome.accept_prob is None else jnp.pad(
           outcome.accept_prob.astype(jnp.float32), ((0, 0), (0, parent.depth - g)))
       observed = live & (pos < jnp.minimum(n + 1, g)[:, None])
     acceptance, seen = observe(state.acceptance, state.seen, observed, values, parent.decay,
-                               drifting, parent.prior, parent.forget, parent.drift)
+                               drifting, params.prior[None, :], parent.forget, parent.drift)
     gamma = state.gamma
     if parent.rule == "schedule":
       positive = min(k for k in parent.choices if k > 0)
@@ -457,32 +473,6 @@ def record_plain(state: AdaptiveState, position: jax.Array, outcome, keep_law) -
   cols = jnp.where(outcome.active, position, state.plain_p.shape[1])
   return dict(plain_p=state.plain_p.at[rows, cols].set(p, mode="drop"), plain_laws=laws,
               law_cols=law_cols)
-
-
-def check_menu(choices, rule: str) -> tuple[int, ...]:
-  """The menu as a tuple (``options.check_adaptive_menu``'s checks, and the confidence rule's
-  every length up to the largest), or a one-line ValueError naming what is wrong."""
-  if rule not in RULES:
-    raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-  try:
-    menu = tuple(choices)
-  except TypeError:
-    raise ValueError(f"choices must be a sequence of draft lengths, got {choices!r}") from None
-  options.check_adaptive_menu(choices)
-  if rule == "confidence" and not set(range(1, menu[-1] + 1)) <= set(menu):
-    raise ValueError(f"the confidence rule stops the draft at any length up to the largest "
-                     f"choice, so choices must include 1..{menu[-1]}, got {choices!r}")
-  return tuple(int(k) for k in menu)
-
-
-def check_settings(decay, prior, forget, threshold, margin=0.0, drift="prior") -> None:
-  """The estimator's, the cost rule's and the confidence rule's settings, or a one-line
-  ValueError."""
-  options.check_adaptive_drift(drift)
-  options.check_unit_number(decay, "decay", open_at_zero=True)
-  for field, value in (("prior", prior), ("forget", forget), ("threshold", threshold),
-                       ("margin", margin)):
-    options.check_unit_number(value, field)
 
 
 def menu_costs(costs, choices: tuple[int, ...], rule: str,

@@ -201,7 +201,8 @@ def menu(proposer) -> tuple | None:
   """An adaptive proposer's menu (``specjax.proposers.adaptive``): the proposers, one per static
   pass shape, among which its ``choose(params, state, pending, keys, sampling, active,
   remaining) -> (int32[] index, state)`` picks before each iteration (``remaining``: each row's
-  tokens left to its budget); they share its state. None for a proposer of one shape."""
+  tokens left to its budget); they share its state, whose ``estimates(state)`` (float32[G]) the
+  call's stats report. None for a proposer of one shape."""
   return getattr(proposer, "variants", None)
 
 
