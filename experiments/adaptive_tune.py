@@ -8,7 +8,7 @@ fixed draft length, under one measured cost table: the measurement behind its de
 Each prompt set's first ``num_prompts`` prompts, ``batch_size`` at a time (batch 1: each row's
 choices follow its own text, as in the runner's batch-1 cells). ``--warm`` (default) adds the
 defaults warmed as the runner's cost rule is (``sj.Adaptive.warmed``: every call started from the
-estimates a call on the first batch ended with).
+estimates a call on the first batch ended with), for the default drift and each of ``--drifts``.
 
 Costs. One ``sj.CostTable`` is measured first (the target's passes over 1..G + 1 tokens, the
 draft step and a bare iteration per draft length, jitted and timed side by side at the run's
@@ -49,6 +49,8 @@ flags.DEFINE_list("forgets", ["0.02", "0.05", "0.2"], "drift rates to try (at th
                   "decay and prior)")
 flags.DEFINE_list("margins", ["0.05", "0.1"], "hysteresis margins to try (at the default "
                   "decay and prior)")
+flags.DEFINE_list("drifts", ["first"], "where untested positions drift, to try (at the other "
+                  "defaults; warmed too with --warm)")
 flags.DEFINE_list("rules", ["schedule", "confidence"], "the other rules to run beside")
 flags.DEFINE_bool("warm", True, "also the defaults warmed (sj.Adaptive.warmed): every call "
                   "started from the estimates the first batch's call ended with")
@@ -144,6 +146,8 @@ def main(argv):
               itertools.product(FLAGS.decays, FLAGS.priors)]
   settings += [dict(forget=float(f)) for f in FLAGS.forgets if float(f) != default.forget]
   settings += [dict(margin=float(m)) for m in FLAGS.margins if float(m) != default.margin]
+  drifts = [d for d in FLAGS.drifts if d != default.drift]
+  settings += [dict(drift=d) for d in drifts]
   settings += [dict(rule=rule) for rule in FLAGS.rules]
   for kwargs in settings:
     menu = tuple(range(1, max(choices) + 1)) if kwargs.get("rule") == "confidence" else choices
@@ -151,13 +155,15 @@ def main(argv):
     out, s = run_one(target, batches, method, FLAGS.max_new_tokens, eos)
     name = "adaptive " + " ".join(f"{k}={v}" for k, v in kwargs.items())
     show(name, out, s, modelled(out, table, method.choices) / ar_rate)
-  if FLAGS.warm:  # as the runner's adaptive_warm: from where a call on the first batch ended
-    first = sj.generate(target, batches[0], default, max_new_tokens=FLAGS.max_new_tokens,
+  for drift in [default.drift] + drifts if FLAGS.warm else ():
+    # as the runner's adaptive_warm: from where a call on the first batch ended
+    cold = dataclasses.replace(default, drift=drift)
+    first = sj.generate(target, batches[0], cold, max_new_tokens=FLAGS.max_new_tokens,
                         eos_token_id=eos)
-    warm = default.warmed(first.stats)
+    warm = cold.warmed(first.stats)
     out, s = run_one(target, batches, warm, FLAGS.max_new_tokens, eos)
     prior = " ".join(f"{p:.2f}" for p in warm.prior)
-    show(f"adaptive warmed (defaults; prior {prior})", out, s,
+    show(f"adaptive warmed drift={drift} (prior {prior})", out, s,
          modelled(out, table, warm.choices) / ar_rate)
   best_fixed = max(v for k, v in rows.items() if k.startswith("speculative"))
   defaults = rows.get(f"adaptive decay={default.decay} prior={options.ADAPTIVE_DEFAULTS['prior']}")

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import dataclasses
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,7 @@ import specjax as sj
 from specjax import metrics
 from specjax import sampling as sampling_lib
 from specjax.decoding import loop
+from specjax.decoding import methods as methods_lib
 from specjax.models.kv_cache import init_cache
 from specjax.proposers import adaptive as adaptive_lib
 from specjax.proposers import adaptive_model
@@ -939,6 +941,45 @@ class WarmTest(absltest.TestCase):
                         accept_prob=None, sampling=S(0.0))
       got = np.asarray(entry.commit(params, proposed, candidates, outcome).acceptance)
       np.testing.assert_allclose(got[:, 1:], [[0.55, 0.4]] * 2, rtol=1e-6)  # 0.6 + 0.5 (p - 0.6)
+
+
+class MenuKeyTest(absltest.TestCase):
+  """What a call costs on the host: the menu's entries come from one split of the draft, and
+  the compiled loop's key (hashed and compared every call) holds one graph, not one per entry
+  (``methods.shared_splits``, ``adaptive.entries_key``)."""
+
+  def test_one_split_and_one_graph_hashed_per_call(self):
+    target, inner = methods()
+    trees = sj.TreeSpeculative(inner["speculative"].draft, DRAFT_TREES["static"])
+    for name, method in (("speculative", inner["speculative"]),
+                         ("self_speculative", inner["self_speculative"]), ("tree", trees)):
+      menu = sj.Adaptive(method, choices=MENU, costs=tree_table() if name == "tree" else table())
+      proposer, _ = menu.proposer(target)
+      graph = proposer.largest.graphdef
+      self.assertTrue(all(p.graphdef is graph for p in proposer.proposers[1:]), msg=name)
+      again, _ = dataclasses.replace(menu).proposer(target)  # another call's: the same key
+      self.assertEqual(again, proposer, msg=name)
+      self.assertEqual(hash(again), hash(proposer), msg=name)
+      graphs = type(graph)
+      calls = []
+      with mock.patch.object(graphs, "__hash__", lambda g: calls.append(g) or 0):
+        hash(proposer)
+      self.assertLen(calls, 1, msg=name)
+      shorter, _ = dataclasses.replace(menu, choices=(0, 1, 3)).proposer(target)
+      self.assertNotEqual(shorter, proposer, msg=name)
+    draft = inner["speculative"].draft
+    self.assertIsNot(methods_lib.split(draft)[0], methods_lib.split(draft)[0])
+    with methods_lib.shared_splits():
+      self.assertIs(methods_lib.split(draft)[0], methods_lib.split(draft)[0])
+      self.assertIsNot(methods_lib.split(target, (1,))[0], methods_lib.split(target)[0])
+
+  def test_a_fresh_menu_of_the_same_settings_reuses_the_compiled_loop(self):
+    target, inner = methods()
+    make = lambda: sj.Adaptive(inner["speculative"], choices=MENU, costs=table())
+    sj.generate(target, GREEDY_PROMPTS, make(), max_new_tokens=4)
+    compiled = loop.decode_jit._cache_size()
+    sj.generate(target, GREEDY_PROMPTS, make(), max_new_tokens=4)
+    self.assertEqual(loop.decode_jit._cache_size(), compiled)
 
 
 class ErrorTest(absltest.TestCase):

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import options
+from specjax.decoding import methods
 from specjax.decoding.methods import Jacobi, PromptLookup, SelfSpeculative, Speculative
 from specjax.models.transformer import Transformer
 from specjax.proposers import adaptive as adaptive_lib
@@ -145,9 +146,10 @@ class Adaptive:
       return (dataclasses.replace(proposer, room=room) if isinstance(proposer, JacobiProposer)
               else proposer), params
 
-    built = [build(k) for k in self.choices if k > 0]
+    with methods.shared_splits():  # one split of the draft for every entry
+      built = [build(k) for k in self.choices if k > 0]
+      shadow = None if hasattr(built[-1][0], "sync") else build(1)[0]
     proposers = (None,) * (self.choices[0] == 0) + tuple(p for p, _ in built)
-    shadow = None if hasattr(built[-1][0], "sync") else build(1)[0]
     return AdaptiveProposer(
         proposers=proposers, choices=self.choices, rule=self.rule,
         costs=adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,

@@ -140,9 +140,11 @@ class AdaptiveProposer:
   method: a tree ``choices[i]`` deep; None for 0); ``shadow`` is the 1-deep proposer whose
   guesses a plain-decoding iteration scores (None
   when the inner proposer has a draft model, which is then skipped: ``syncs``). ``costs[i]``:
-  the cost of entry i's iteration in target steps (rule "cost")."""
+  the cost of entry i's iteration in target steps (rule "cost"). Compared and hashed (the
+  compiled loop's key, every call) by ``key``: the entries with the model graph they share
+  with the largest left out, so that one graph is hashed, not one per entry."""
 
-  proposers: tuple
+  proposers: tuple = dataclasses.field(compare=False)
   choices: tuple[int, ...]
   costs: tuple[float, ...]
   rule: str
@@ -153,6 +155,10 @@ class AdaptiveProposer:
   margin: float = 0.0
   shadow: Any = None
   drift: str = "prior"  # where untested positions' estimates drift (``options.ADAPTIVE_DRIFTS``)
+  key: tuple = dataclasses.field(init=False, repr=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "key", entries_key(self.proposers))
 
   @property
   def largest(self):
@@ -234,9 +240,12 @@ class AdaptiveProposer:
         # tokens (the look): the evidence the choice to resume rests on, two passes per span.
         plain = state.last == 0
         ready = state.plain_run >= state.look_every
-        state = jax.lax.cond(plain & ready,
-                             lambda s: self.look(params, s, pending, sampling, active),
-                             lambda s: s, state)
+        # A loop that runs once or not at all, not a ``lax.cond``: XLA copied a conditional's
+        # operand (the draft's cache, the text) in every iteration, looking or not (~2% of a
+        # batch-1 iteration on the benchmark pair); a loop updates its carry in place.
+        state, _ = jax.lax.while_loop(
+            lambda c: c[1], lambda c: (self.look(params, c[0], pending, sampling, active), jnp.bool_(False)),
+            (state, plain & ready))
         hold = plain & ~ready
       best = jnp.where(hold, 0,
                        self.best(state.acceptance, state.seen, active, state.last, remaining))
@@ -435,6 +444,20 @@ class MenuEntry(GammaChain):
                          plain_run=plain_run)
 
 
+def entries_key(proposers: tuple) -> tuple:
+  """What identifies a menu's entries: the largest whole, each other as its type and fields
+  but for a ``graphdef`` that is the largest's own object (``methods.shared_splits``), which
+  the largest's comparison covers."""
+  shared = getattr(proposers[-1], "graphdef", None)
+
+  def entry(p):
+    if shared is None or p is proposers[-1] or getattr(p, "graphdef", None) is not shared:
+      return p
+    return (type(p),) + tuple((f.name, getattr(p, f.name)) for f in dataclasses.fields(p)
+                              if f.compare and f.name != "graphdef")
+  return tuple(entry(p) for p in proposers)
+
+
 def first_level(candidates: Candidates) -> jax.Array:
   """int32[B, N]: the guesses a plain iteration's token scores (position 0's acceptance), -1
   elsewhere: a chain's first, a tree's first level (the root's children)."""
@@ -465,11 +488,11 @@ def record_plain(state: AdaptiveState, position: jax.Array, outcome, keep_law) -
     p = jnp.take_along_axis(law, outcome.next_token[:, None], axis=1)[:, 0]
     slots = law_cols.shape[1]
     if slots and law.shape[-1] == laws.shape[-1]:
-      slot = jnp.where(outcome.active, position % slots, slots)  # inactive rows: dropped
-      laws, law_cols = jax.lax.cond(
-          keep_law, lambda kept: (kept[0].at[rows, slot].set(law, mode="drop"),
-                                  kept[1].at[rows, slot].set(position, mode="drop")),
-          lambda kept: kept, (laws, law_cols))
+      # Inactive rows, and every row unless ``keep_law``, write past the slots: dropped (a
+      # masked write, not a ``lax.cond``, whose operand XLA copied in every plain iteration).
+      slot = jnp.where(outcome.active & keep_law, position % slots, slots)
+      laws = laws.at[rows, slot].set(law, mode="drop")
+      law_cols = law_cols.at[rows, slot].set(position, mode="drop")
   cols = jnp.where(outcome.active, position, state.plain_p.shape[1])
   return dict(plain_p=state.plain_p.at[rows, cols].set(p, mode="drop"), plain_laws=laws,
               law_cols=law_cols)
