@@ -243,9 +243,9 @@ class AdaptiveProposer:
         # A loop that runs once or not at all, not a ``lax.cond``: XLA copied a conditional's
         # operand (the draft's cache, the text) in every iteration, looking or not (~2% of a
         # batch-1 iteration on the benchmark pair); a loop updates its carry in place.
-        state, _ = jax.lax.while_loop(
-            lambda c: c[1], lambda c: (self.look(params, c[0], pending, sampling, active), jnp.bool_(False)),
-            (state, plain & ready))
+        def look(carry):
+          return self.look(params, carry[0], pending, sampling, active), jnp.bool_(False)
+        state, _ = jax.lax.while_loop(lambda c: c[1], look, (state, plain & ready))
         hold = plain & ~ready
       best = jnp.where(hold, 0,
                        self.best(state.acceptance, state.seen, active, state.last, remaining))
