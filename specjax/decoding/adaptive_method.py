@@ -72,7 +72,7 @@ class Adaptive:
     if self.rule == "confidence" and not isinstance(self.method, (Speculative, SelfSpeculative)):
       raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
                        f"{type(self.method).__name__} has none")
-    adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
+    menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
                             self.draft_widths)
 
   @property
@@ -152,7 +152,7 @@ class Adaptive:
     proposers = (None,) * (self.choices[0] == 0) + tuple(p for p, _ in built)
     return AdaptiveProposer(
         proposers=proposers, choices=self.choices, rule=self.rule,
-        costs=adaptive_lib.menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
+        costs=menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
                                       self.draft_widths),
         decay=float(self.decay), forget=float(self.forget),
         threshold=float(self.threshold), vocab_size=target.config.vocab_size,
@@ -201,3 +201,21 @@ def check_settings(decay, forget, threshold, margin=0.0, drift="prior") -> None:
   options.check_unit_number(decay, "decay", open_at_zero=True)
   for field, value in (("forget", forget), ("threshold", threshold), ("margin", margin)):
     options.check_unit_number(value, field)
+
+
+def menu_costs(costs, choices: tuple[int, ...], rule: str,
+               tree_nodes: tuple[int, ...] | None = None,
+               draft_widths: tuple[tuple[int, ...], ...] | None = None) -> tuple[float, ...]:
+  """Each entry's iteration cost in target steps from ``costs`` (an ``sj.CostTable``'s
+  ``entry_cost``: a chain's, or a tree's draft passes over ``draft_widths[i]`` tokens and its
+  target pass over ``tree_nodes[i]`` nodes, ``sj.Adaptive.tree_nodes`` / ``draft_widths``) for
+  the cost rule (``()`` for the others), or a one-line ValueError (a pass the table lacks: its
+  own)."""
+  if rule != "cost":
+    return ()
+  if not callable(getattr(costs, "entry_cost", None)):
+    raise ValueError(f"rule 'cost' needs costs=sj.CostTable measured for this run "
+                     f"(sj.CostTable.measure), got {costs!r}")
+  nodes = (None,) * len(choices) if tree_nodes is None else tree_nodes
+  widths = ((),) * len(choices) if draft_widths is None else draft_widths
+  return tuple(float(costs.entry_cost(k, m, w)) for k, m, w in zip(choices, nodes, widths))

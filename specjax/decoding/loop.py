@@ -300,12 +300,27 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
         return choose(chosen(index, keys, state))
       return jax.lax.while_loop(lambda c: (c[0] == index) & ~jnp.all(c[2].done), body, carry)
 
+    def between(carry):
+      """The proposer's work that is not every iteration's, when its choice asks for it (index
+      ``len(menu)``: the adaptive rule's look, ``proposer.between``), until it makes a choice:
+      a stage of the sweep, entered when a look is due, not a conditional in every iteration."""
+      def body(carry):
+        _, keys, state = carry
+        index, proposer_state = proposer.between(
+            proposer_params, state.proposer, state.pending, sampling, ~state.done,
+            max_new_tokens - state.stats.generated)
+        return index, keys, state.replace(proposer=proposer_state)
+      return jax.lax.while_loop(lambda c: (c[0] == len(menu)) & ~jnp.all(c[2].done), body,
+                                carry)
+
     def sweep(carry):
       """Every entry's loop in menu order: a choice moves on to its entry's loop in this sweep
       (a longer entry) or the next (a shorter one). Loops in sequence rather than a
       ``lax.switch`` into them: XLA copied a switch's carry (the KV caches, 7.5 MB on SmolLM2)
       into the entry and again out of it at every change of choice (~0.05 target steps per
       resumption of a menu forced to alternate, CPU); loops in sequence update it in place."""
+      if getattr(proposer, "between_iterations", False):
+        carry = between(carry)
       for index in range(len(menu)):
         carry = stay(index, carry)
       return carry

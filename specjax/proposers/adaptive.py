@@ -230,30 +230,21 @@ class AdaptiveProposer:
   def choose(self, params, state: AdaptiveState, pending, keys, sampling, active, remaining):
     """(int32[] menu index, state) for the coming iteration: from the estimates, the costs and
     the rows' ``remaining`` budgets (int32[B]), the schedule, or (confidence) the draft's own
-    chain, drafted here."""
+    chain, drafted here; or ``len(choices)`` when a look is due (``between``)."""
     choices = jnp.asarray(self.choices, jnp.int32)
     if self.rule == "cost":
-      hold = False  # plain decoding until the skipped draft's next look
-      looking = self.looks and self.choices[0] == 0
-      if looking:
-        # A skipped draft follows the text a span at a time, scoring its guesses at the last
-        # tokens (the look): the evidence the choice to resume rests on, two passes per span.
-        plain = state.last == 0
-        ready = state.plain_run >= state.look_every
-        # A loop that runs once or not at all, not a ``lax.cond``: XLA copied a conditional's
-        # operand (the draft's cache, the text) in every iteration, looking or not (~2% of a
-        # batch-1 iteration on the benchmark pair); a loop updates its carry in place.
-        def look(carry):
-          return self.look(params, carry[0], pending, sampling, active), jnp.bool_(False)
-        state, _ = jax.lax.while_loop(lambda c: c[1], look, (state, plain & ready))
-        hold = plain & ~ready
-      best = jnp.where(hold, 0,
-                       self.best(state.acceptance, state.seen, active, state.last, remaining))
-      if looking:
-        backed_off = jnp.minimum(2 * state.look_every, LOOK_BACKOFF * self.look_span)
-        state = state.replace(look_every=jnp.where(
-            best > 0, self.look_span, jnp.where(plain & ready, backed_off, state.look_every)))
-      return best, state.replace(last=best)
+      best = self.best(state.acceptance, state.seen, active, state.last, remaining)
+      if not self.between_iterations:
+        return best, state.replace(last=best)
+      # A skipped draft follows the text a span at a time, scoring its guesses at the last
+      # tokens (the look, ``between``): the evidence the choice to resume rests on. Plain
+      # decoding holds until the look is due; then the index past the menu asks the loop for it.
+      plain = state.last == 0
+      due = plain & (state.plain_run >= state.look_every)
+      best = jnp.where(plain, 0, best)
+      state = state.replace(look_every=jnp.where(best > 0, self.look_span, state.look_every))
+      return (jnp.where(due, len(self.choices), best).astype(jnp.int32),
+              state.replace(last=jnp.where(due, state.last, best)))
     if self.rule == "schedule":
       return jnp.sum(choices <= state.gamma).astype(jnp.int32) - 1, state
     inner = self.sync_inner(params, state)
@@ -261,6 +252,26 @@ class AdaptiveProposer:
         params.inner, inner, pending, keys, sampling, self.threshold, active)
     return jnp.argmax(choices == count).astype(jnp.int32), state.replace(
         inner=inner, drafts=drafts, laws=laws)
+
+  @property
+  def between_iterations(self) -> bool:
+    """``choose`` may ask for ``between`` (index ``len(choices)``): rule "cost" over a skipped
+    draft with plain decoding on the menu, whose looks the loop runs as a stage of their own
+    (``specjax.decoding.loop``), so that an iteration that does not look runs no control flow
+    for it (a ``lax.cond`` there made XLA copy the state in every iteration, ~2% of one at
+    batch 1 on the benchmark pair; on a GPU each such conditional or loop is a host sync)."""
+    return self.looks and self.choices[0] == 0
+
+  def between(self, params, state: AdaptiveState, pending, sampling, active, remaining):
+    """(int32[] menu index, state) after the look ``choose`` asked for: the draft caught up and
+    scored (``look``), then the choice from the new estimates; a look after which the rule
+    stays plain puts the next one twice as far off, up to ``LOOK_BACKOFF`` spans, and
+    speculating brings the first span back."""
+    state = self.look(params, state, pending, sampling, active)
+    best = self.best(state.acceptance, state.seen, active, state.last, remaining)
+    backed_off = jnp.minimum(2 * state.look_every, LOOK_BACKOFF * self.look_span)
+    return best, state.replace(last=best, look_every=jnp.where(best > 0, self.look_span,
+                                                               backed_off))
 
   def best(self, acceptance: jax.Array, seen: jax.Array, active: jax.Array, last: jax.Array,
            remaining: jax.Array) -> jax.Array:
@@ -496,21 +507,3 @@ def record_plain(state: AdaptiveState, position: jax.Array, outcome, keep_law) -
   cols = jnp.where(outcome.active, position, state.plain_p.shape[1])
   return dict(plain_p=state.plain_p.at[rows, cols].set(p, mode="drop"), plain_laws=laws,
               law_cols=law_cols)
-
-
-def menu_costs(costs, choices: tuple[int, ...], rule: str,
-               tree_nodes: tuple[int, ...] | None = None,
-               draft_widths: tuple[tuple[int, ...], ...] | None = None) -> tuple[float, ...]:
-  """Each entry's iteration cost in target steps from ``costs`` (an ``sj.CostTable``'s
-  ``entry_cost``: a chain's, or a tree's draft passes over ``draft_widths[i]`` tokens and its
-  target pass over ``tree_nodes[i]`` nodes, ``sj.Adaptive.tree_nodes`` / ``draft_widths``) for
-  the cost rule (``()`` for the others), or a one-line ValueError (a pass the table lacks: its
-  own)."""
-  if rule != "cost":
-    return ()
-  if not callable(getattr(costs, "entry_cost", None)):
-    raise ValueError(f"rule 'cost' needs costs=sj.CostTable measured for this run "
-                     f"(sj.CostTable.measure), got {costs!r}")
-  nodes = (None,) * len(choices) if tree_nodes is None else tree_nodes
-  widths = ((),) * len(choices) if draft_widths is None else draft_widths
-  return tuple(float(costs.entry_cost(k, m, w)) for k, m, w in zip(choices, nodes, widths))

@@ -202,7 +202,10 @@ def menu(proposer) -> tuple | None:
   pass shape, among which its ``choose(params, state, pending, keys, sampling, active,
   remaining) -> (int32[] index, state)`` picks before each iteration (``remaining``: each row's
   tokens left to its budget); they share its state, whose ``estimates(state)`` (float32[G]) the
-  call's stats report. None for a proposer of one shape."""
+  call's stats report. Where ``between_iterations`` is set, ``choose`` may return
+  ``len(menu)`` instead: the loop then runs ``between(params, state, pending, sampling, active,
+  remaining) -> (index, state)`` (the adaptive rule's look) until it returns an entry. None for
+  a proposer of one shape."""
   return getattr(proposer, "variants", None)
 
 
