@@ -72,8 +72,7 @@ class Adaptive:
     if self.rule == "confidence" and not isinstance(self.method, (Speculative, SelfSpeculative)):
       raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
                        f"{type(self.method).__name__} has none")
-    menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
-                            self.draft_widths)
+    menu_costs(self.costs, self.choices, self.rule, self.tree_nodes, self.draft_widths)
 
   @property
   def tree_nodes(self) -> tuple[int, ...] | None:
@@ -153,7 +152,7 @@ class Adaptive:
     return AdaptiveProposer(
         proposers=proposers, choices=self.choices, rule=self.rule,
         costs=menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
-                                      self.draft_widths),
+                         self.draft_widths),
         decay=float(self.decay), forget=float(self.forget),
         threshold=float(self.threshold), vocab_size=target.config.vocab_size,
         margin=float(self.margin), shadow=shadow, drift=self.drift), AdaptiveParams(
