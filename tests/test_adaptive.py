@@ -203,8 +203,8 @@ class ChoiceTest(absltest.TestCase):
     what the skipped iterations committed); without the catch-up, drafts are rejected."""
     target = random_transformer(TF_CONFIG, 0)
 
-    def alternate(self, params, state, pending, keys, sampling, active, remaining):
-      del self, params, pending, keys, sampling, active, remaining
+    def alternate(self, params, state, pending, keys, sampling, active, remaining, after=None):
+      del self, params, pending, keys, sampling, active, remaining, after
       # 3 drafts (+4 tokens when all are accepted) where the length is 2, 3 or 4 mod 5, else 0
       return jnp.where(state.text.lengths[0] % 5 < 2, 0, 1).astype(jnp.int32), state
 
@@ -261,8 +261,8 @@ class ChoiceTest(absltest.TestCase):
             np.testing.assert_allclose(np.asarray(got)[b, :, :lengths[b]],
                                        np.asarray(want)[b, :, :lengths[b]], atol=1e-5)
 
-    def alternate(self, params, state, pending, keys, sampling, active, remaining):
-      del self, params, pending, keys, sampling, active, remaining
+    def alternate(self, params, state, pending, keys, sampling, active, remaining, after=None):
+      del self, params, pending, keys, sampling, active, remaining, after
       return jnp.where(state.text.lengths[0] % 5 < 2, 0, 3).astype(jnp.int32), state
 
     for sampling in (S(0.0), S(1.0)):
@@ -406,6 +406,13 @@ class ChoiceTest(absltest.TestCase):
                                         active, jnp.full((3,), 64, jnp.int32))
       self.assertEqual(int(asked) == len(MENU), looks)  # a due look: asked of the loop
       self.assertEqual(int(unlooked.plain_run), run)  # and not done by ``choose``
+      # The loop's static hint that a plain iteration came before (the rule not computed)
+      # changes nothing: plain holds there anyway.
+      held, held_state = proposer.choose(params, start, jnp.asarray(pending), keys, S(0.0),
+                                         active, jnp.full((3,), 64, jnp.int32), after=0)
+      self.assertEqual(int(held), int(asked))
+      for field in ("last", "look_every", "plain_run"):
+        self.assertEqual(int(getattr(held_state, field)), int(getattr(unlooked, field)), field)
       index, after = choose(proposer, params, start, jnp.asarray(pending), keys, S(0.0), active,
                             jnp.full((3,), 64, jnp.int32))
       caught_up = np.asarray(after.inner.cache.lengths)[:2] == lengths[:2]
@@ -435,6 +442,32 @@ class ChoiceTest(absltest.TestCase):
                           jnp.asarray(pending), keys, S(0.0), active,
                           jnp.full((3,), 64, jnp.int32))
     self.assertEqual((int(index), int(after.look_every)), (3, span))
+
+  def test_each_entry_draws_its_own_keys(self):
+    """The loop hands ``choose`` keys only where it drafts (the confidence rule); otherwise the
+    entry chosen draws its own, as many as it uses (a plain iteration: one, not the largest
+    entry's), the same keys as the bare method's (a split's first keys do not depend on its
+    size), so a menu held at gamma 3 reproduces ``sj.Speculative(gamma=3)`` at T = 1."""
+    target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
+    real, handed = adaptive_lib.AdaptiveProposer.choose, {}
+
+    def recording(self, params, state, pending, keys, *args, **kwargs):
+      handed[self.rule] = keys is not None
+      return real(self, params, state, pending, keys, *args, **kwargs)
+
+    free = dataclasses.replace(FLAT, sampling=S(1.0))
+    with patched(((adaptive_lib.AdaptiveProposer, "choose", recording),)):
+      held = sj.generate(target, GREEDY_PROMPTS,
+                         sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=free),
+                         S(1.0), 3 * GREEDY_NEW, key=jax.random.key(4))
+      sj.generate(target, GREEDY_PROMPTS,
+                  sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, rule="confidence"),
+                  S(1.0), GREEDY_NEW, key=jax.random.key(4))
+    self.assertEqual(handed, {"cost": False, "confidence": True})
+    self.assertEqual(np.asarray(held.stats.choice_counts).tolist()[:-1], [0] * (len(MENU) - 1))
+    bare = sj.generate(target, GREEDY_PROMPTS, sj.Speculative(draft, gamma=3), S(1.0),
+                       3 * GREEDY_NEW, key=jax.random.key(4))
+    np.testing.assert_array_equal(np.asarray(held.tokens), np.asarray(bare.tokens))
 
   def test_a_plain_iteration_keeps_the_law_a_look_will_score(self):
     """At T > 0 a plain iteration keeps the target's law of the token it drew (slot: the
@@ -692,8 +725,8 @@ class ChoiceTest(absltest.TestCase):
     # In the loop the rule is handed each row's tokens left: max_new_tokens less those emitted
     # (the prefill's first token before the first choice). A rule that speculates only at that
     # first choice runs one iteration of 3 drafts.
-    def first_only(self, params, state, pending, keys, sampling, active, remaining):
-      del self, params, pending, keys, sampling, active
+    def first_only(self, params, state, pending, keys, sampling, active, remaining, after=None):
+      del self, params, pending, keys, sampling, active, after
       return jnp.where(jnp.all(remaining == GREEDY_NEW - 1), 1, 0).astype(jnp.int32), state
 
     method = sj.Adaptive(sj.SelfSpeculative(skip=()), choices=(0, 3), costs=FLAT)

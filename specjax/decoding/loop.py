@@ -278,18 +278,29 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
 
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   else:
-    def choose(state: LoopState):
-      """(menu index, the iteration's keys, state) of the coming iteration."""
-      keys = _step_keys(row_keys, state.step, num + 1)  # num: the largest entry's
-      index, proposer_state = proposer.choose(proposer_params, state.proposer, state.pending,
-                                              keys[:, 1:], sampling, ~state.done,
-                                              max_new_tokens - state.stats.generated)
+    # The iteration's keys: drawn before the choice where ``choose`` draws (the confidence
+    # rule's drafts), else by the entry chosen, as many as it uses (the same keys: a split's
+    # first keys do not depend on its size under jax's default partitionable threefry). A
+    # threefry split is a loop of small kernels on XLA:CPU; splitting the largest entry's
+    # keys in a plain iteration cost ~0.5% of one (SmolLM2, batch 8).
+    draws = getattr(proposer, "draws_in_choose", True)
+
+    def choose(state: LoopState, after: int | None = None):
+      """(menu index, the iteration's keys or None, state) of the coming iteration; ``after``:
+      the entry whose iteration came before (static; None at the loop's start)."""
+      keys = _step_keys(row_keys, state.step, num + 1) if draws else None  # the largest's
+      index, proposer_state = proposer.choose(
+          proposer_params, state.proposer, state.pending, None if keys is None else keys[:, 1:],
+          sampling, ~state.done, max_new_tokens - state.stats.generated, after=after)
       return index, keys, state.replace(proposer=proposer_state)
 
     def chosen(index: int, keys, state: LoopState) -> LoopState:
-      return run_choice(index, [
-          functools.partial(iteration, i, variant, keys[:, :1 + variant.num_candidates])
-          for i, variant in enumerate(menu)], state)
+      def entry(i, variant, state):
+        width = 1 + variant.num_candidates
+        mine = _step_keys(row_keys, state.step, width) if keys is None else keys[:, :width]
+        return iteration(i, variant, mine, state)
+      return run_choice(index, [functools.partial(entry, i, variant)
+                                for i, variant in enumerate(menu)], state)
 
     def stay(index: int, carry):
       """Entry ``index``'s iterations for as long as it stays chosen (none when it is not): a
@@ -297,7 +308,7 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
       next choice, which leaves the loop when it differs."""
       def body(carry):
         _, keys, state = carry
-        return choose(chosen(index, keys, state))
+        return choose(chosen(index, keys, state), after=index)
       return jax.lax.while_loop(lambda c: (c[0] == index) & ~jnp.all(c[2].done), body, carry)
 
     def between(carry):

@@ -227,18 +227,29 @@ class AdaptiveProposer:
         plain_laws=jnp.zeros((batch, slots, self.vocab_size if slots else 0), jnp.float32),
         law_cols=jnp.full((batch, slots), -1, jnp.int32))
 
-  def choose(self, params, state: AdaptiveState, pending, keys, sampling, active, remaining):
+  @property
+  def draws_in_choose(self) -> bool:
+    """``choose`` drafts (rule "confidence"), with the keys the loop then draws before it."""
+    return self.rule == "confidence"
+
+  def choose(self, params, state: AdaptiveState, pending, keys, sampling, active, remaining,
+             after: int | None = None):
     """(int32[] menu index, state) for the coming iteration: from the estimates, the costs and
     the rows' ``remaining`` budgets (int32[B]), the schedule, or (confidence) the draft's own
-    chain, drafted here; or ``len(choices)`` when a look is due (``between``)."""
+    chain, drafted here; or ``len(choices)`` when a look is due (``between``). ``after``: the
+    entry that ran the iteration before (static, None if unknown)."""
     choices = jnp.asarray(self.choices, jnp.int32)
     if self.rule == "cost":
-      best = self.best(state.acceptance, state.seen, active, state.last, remaining)
-      if not self.between_iterations:
-        return best, state.replace(last=best)
       # A skipped draft follows the text a span at a time, scoring its guesses at the last
       # tokens (the look, ``between``): the evidence the choice to resume rests on. Plain
       # decoding holds until the look is due; then the index past the menu asks the loop for it.
+      # After a plain iteration plain holds (known statically: no rule is computed, ~50 small
+      # kernels of an iteration on XLA:CPU).
+      holds = self.between_iterations and after == 0
+      best = jnp.int32(0) if holds else self.best(state.acceptance, state.seen, active,
+                                                  state.last, remaining)
+      if not self.between_iterations:
+        return best, state.replace(last=best)
       plain = state.last == 0
       due = plain & (state.plain_run >= state.look_every)
       best = jnp.where(plain, 0, best)

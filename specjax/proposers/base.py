@@ -200,12 +200,14 @@ class NoProposer:
 def menu(proposer) -> tuple | None:
   """An adaptive proposer's menu (``specjax.proposers.adaptive``): the proposers, one per static
   pass shape, among which its ``choose(params, state, pending, keys, sampling, active,
-  remaining) -> (int32[] index, state)`` picks before each iteration (``remaining``: each row's
-  tokens left to its budget); they share its state, whose ``estimates(state)`` (float32[G]) the
-  call's stats report. Where ``between_iterations`` is set, ``choose`` may return
-  ``len(menu)`` instead: the loop then runs ``between(params, state, pending, sampling, active,
-  remaining) -> (index, state)`` (the adaptive rule's look) until it returns an entry. None for
-  a proposer of one shape."""
+  remaining, after=None) -> (int32[] index, state)`` picks before each iteration
+  (``remaining``: each row's tokens left to its budget; ``after``: static, the entry whose
+  iteration came just before, None at the start; ``keys``: the largest entry's draft keys
+  where ``draws_in_choose``, else None); they share its state, whose ``estimates(state)``
+  (float32[G]) the call's stats report. Where ``between_iterations`` is set, ``choose`` may
+  return ``len(menu)`` instead: the loop then runs ``between(params, state, pending, sampling,
+  active, remaining) -> (index, state)`` (the adaptive rule's look) until it returns an entry.
+  None for a proposer of one shape."""
   return getattr(proposer, "variants", None)
 
 
