@@ -670,8 +670,10 @@ class ChoiceTest(absltest.TestCase):
 
   def test_token_moments_by_enumeration(self):
     """Mean and variance of an iteration's tokens against the chain's law written out: the
-    first i drafts pass and the next fails with probability s_i (1 - a_{i+1})."""
+    first i drafts pass and the next fails with probability s_i (1 - a_{i+1}); one gamma at a
+    time, and a menu's gammas at once (``menu_moments``, the rule's: every entry in one go)."""
     for a in ([0.3, 0.8, 0.5], [1.0, 1.0, 1.0], [0.0, 0.9, 0.9], [0.7, 0.2, 1.0]):
+      menu_mean, menu_var = adaptive_model.menu_moments(jnp.asarray(a), (0, 1, 2, 3))
       for gamma in range(4):
         law, survive = [], 1.0
         for i in range(gamma):
@@ -680,10 +682,12 @@ class ChoiceTest(absltest.TestCase):
         law.append(survive)
         tokens = np.arange(1, gamma + 2)
         mean = float(np.dot(law, tokens))
-        mean_got, var_got = adaptive_model.token_moments(jnp.asarray(a), gamma)
-        np.testing.assert_allclose(float(mean_got), mean, rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(float(var_got), np.dot(law, tokens ** 2) - mean ** 2,
-                                   rtol=1e-5, atol=1e-6, err_msg=f"{a}, gamma {gamma}")
+        variance = np.dot(law, tokens ** 2) - mean ** 2
+        one = adaptive_model.token_moments(jnp.asarray(a), gamma)
+        for mean_got, var_got in (one, (menu_mean[gamma], menu_var[gamma])):
+          np.testing.assert_allclose(float(mean_got), mean, rtol=1e-6, atol=1e-6)
+          np.testing.assert_allclose(float(var_got), variance, rtol=1e-5, atol=1e-6,
+                                     err_msg=f"{a}, gamma {gamma}")
 
   def test_batch_iterations(self):
     """One row: R / mu. Rows without spread: the longest. Two equal rows of spread s: the mean

@@ -18,7 +18,7 @@ Rules (``RULES``):
   time, ``cost(k) x E[iterations until the slowest row is done]`` (``batch_iterations``; for one
   row the most tokens per unit of cost, ``E_b(k) / cost(k)``), with row b's tokens an iteration
   ``E_b(k) = 1 + sum_{i<k} prod_{j<=i} a_bj`` (Leviathan et al. 2023, arXiv 2211.17192, Eq. 1
-  with a per-position acceptance) and their variance (``token_moments``), and ``cost(k)`` from
+  with a per-position acceptance) and their variance (``menu_moments``), and ``cost(k)`` from
   a measured ``sj.CostTable`` (``chain_cost``: k draft steps and a pass over k + 1 tokens, in
   target steps). In a batch, ragged acceptance makes early rows idle while the slowest
   finishes: one draft at acceptance 0.3 gives a row 1.3 tokens an iteration, four rows of 64
@@ -66,8 +66,8 @@ import jax.numpy as jnp
 
 from specjax import options
 from specjax import sampling as sampling_lib
-from specjax.proposers.adaptive_model import (batch_iterations, observe, observe_many, shrink,
-                                              token_moments)
+from specjax.proposers.adaptive_model import (batch_iterations, menu_moments, observe,
+                                              observe_many, shrink)
 from specjax.proposers.base import CHAIN, Candidates
 from specjax.proposers.draft_chain import GammaChain
 from specjax.proposers.draft_free import TokenHistory
@@ -297,8 +297,8 @@ class AdaptiveProposer:
     float32[B, G]) leave as noise."""
     acceptance = shrink(acceptance, seen, active, self.decay)
     left = jnp.where(active, remaining, 0).astype(jnp.float32)
-    iterations = jnp.stack([batch_iterations(left, *token_moments(acceptance, k), active)
-                            for k in self.choices])
+    mean, variance = menu_moments(acceptance, self.choices)  # [B, K]: every entry at once
+    iterations = jax.vmap(batch_iterations, (None, 1, 1, None))(left, mean, variance, active)
     score = jnp.sum(left) / (jnp.asarray(self.costs) * jnp.maximum(iterations, 1e-6))
     top = jnp.argmax(score).astype(jnp.int32)
     keep = (last >= 0) & (score[top] <= (1.0 + self.margin) * score[jnp.maximum(last, 0)])

@@ -22,9 +22,20 @@ def token_moments(acceptance: jax.Array, gamma: int) -> tuple[jax.Array, jax.Arr
   """(mean, variance), float32[...] each, of one iteration's tokens under ``expected_tokens``'s
   model: with survivals ``s_i = prod_{j<=i} a_j``, tokens = 1 + A where A counts the accepted
   drafts, ``E[A] = sum_i s_i`` (Eq. 1) and ``E[A^2] = sum_i (2i + 1) s_i``."""
-  survive = jnp.cumprod(acceptance[..., :gamma], axis=-1)
-  drafts = jnp.sum(survive, axis=-1)
-  second = jnp.sum((2.0 * jnp.arange(gamma) + 1.0) * survive, axis=-1)
+  mean, variance = menu_moments(acceptance, (gamma,))
+  return mean[..., 0], variance[..., 0]
+
+
+def menu_moments(acceptance: jax.Array, gammas: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+  """(mean, variance), float32[..., K] each: ``token_moments`` for each of the K ``gammas`` at
+  once (running sums of the survivals read at each length: a menu's rule in a few kernels
+  rather than a few per entry)."""
+  survive = jnp.cumprod(acceptance[..., :max(gammas)], axis=-1)
+  weights = 2.0 * jnp.arange(survive.shape[-1]) + 1.0
+  start = jnp.zeros(survive.shape[:-1] + (1,), survive.dtype)
+  drafts = jnp.concatenate([start, jnp.cumsum(survive, axis=-1)], axis=-1)[..., list(gammas)]
+  second = jnp.concatenate([start, jnp.cumsum(weights * survive, axis=-1)],
+                           axis=-1)[..., list(gammas)]
   return 1.0 + drafts, jnp.maximum(second - drafts ** 2, 0.0)
 
 
