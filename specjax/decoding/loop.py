@@ -281,8 +281,8 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
     # The iteration's keys: drawn before the choice where ``choose`` draws (the confidence
     # rule's drafts), else by the entry chosen, as many as it uses (the same keys: a split's
     # first keys do not depend on its size under jax's default partitionable threefry). A
-    # threefry split is a loop of small kernels on XLA:CPU; splitting the largest entry's
-    # keys in a plain iteration cost ~0.5% of one (SmolLM2, batch 8).
+    # threefry split is a loop of small kernels on XLA:CPU: the largest entry's keys split in
+    # a plain iteration were ~100 of its kernels (SmolLM2, batch 8; profiler counts).
     draws = getattr(proposer, "draws_in_choose", True)
 
     def choose(state: LoopState, after: int | None = None):

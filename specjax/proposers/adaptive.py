@@ -243,8 +243,8 @@ class AdaptiveProposer:
       # A skipped draft follows the text a span at a time, scoring its guesses at the last
       # tokens (the look, ``between``): the evidence the choice to resume rests on. Plain
       # decoding holds until the look is due; then the index past the menu asks the loop for it.
-      # After a plain iteration plain holds (known statically: no rule is computed, ~50 small
-      # kernels of an iteration on XLA:CPU).
+      # After a plain iteration plain holds (known statically: the rule is not computed, small
+      # kernels that XLA:CPU would run in every plain iteration).
       holds = self.between_iterations and after == 0
       best = jnp.int32(0) if holds else self.best(state.acceptance, state.seen, active,
                                                   state.last, remaining)
