@@ -690,14 +690,15 @@ class ChoiceTest(absltest.TestCase):
                                      err_msg=f"{a}, gamma {gamma}")
 
   def test_batch_iterations(self):
-    """One row: R / mu. Rows without spread: the longest. Two equal rows of spread s: the mean
-    plus s / sqrt(pi) (the expected maximum of two standard normals). Four rows of one draft at
-    acceptance 0.3 and 64 tokens: a simulation of the chains (the renewal model's error is
-    within 1%). Inactive rows do not count."""
+    """One row: R / mu exactly (0 once it is done). Rows without spread: the longest. Two equal
+    rows of spread s: the mean plus s / sqrt(pi) (the expected maximum of two standard
+    normals). Four rows of one draft at acceptance 0.3 and 64 tokens: a simulation of the
+    chains (the renewal model's error is within 1%). Inactive rows do not count."""
     f = lambda r, m, v, on=None: float(adaptive_model.batch_iterations(
         jnp.asarray(r, jnp.float32), jnp.asarray(m, jnp.float32), jnp.asarray(v, jnp.float32),
         jnp.ones(len(r), bool) if on is None else jnp.asarray(on)))
-    self.assertAlmostEqual(f([64.0], [1.6], [0.3]), 40.0, places=4)
+    self.assertEqual(f([64.0], [1.6], [0.3]), float(np.float32(64.0) / np.float32(1.6)))
+    self.assertEqual(f([64.0], [1.6], [0.3], [False]), 0.0)
     self.assertAlmostEqual(f([64.0, 10.0, 30.0], [1.0, 1.0, 1.0], [0.0] * 3), 64.0, places=4)
     centre, spread = 64 / 1.5, np.sqrt(64 * 0.25 / 1.5 ** 3)
     self.assertAlmostEqual(f([64.0] * 2, [1.5] * 2, [0.25] * 2),
