@@ -29,7 +29,8 @@ def _entry(rec: dict) -> dict:
   entry = {k: rec[k] for k in ("method", "gamma", "tree", "temperature", "top_k", "top_p",
                                "mesh", "memory")}
   entry.update({k: rec[k] for k in ("rule", "base", "base_tree", "choices", "passes",
-                                    "draft_widths", "cost_table", "verify", "prior")
+                                    "draft_widths", "cost_table", "verify", "prior",
+                                    "prior_evidence")
                 if k in rec})
   # The greedy/sampled outputs of the first timed repeat, to compare runs (e.g. one process
   # against several) without storing every token.

@@ -266,6 +266,7 @@ def _adaptive(config, s: dict, models: dict):
                      costs=sj.CostTable.from_dict(table) if table else None,
                      decay=float(config.adaptive_decay),
                      prior=tuple(s.get("prior") or (float(config.adaptive_prior),)),
+                     prior_evidence=tuple(s.get("prior_evidence") or (0.0,)),
                      forget=float(config.adaptive_forget),
                      threshold=float(config.adaptive_threshold),
                      margin=float(config.adaptive_margin), drift=str(config.adaptive_drift))

@@ -27,6 +27,8 @@ def choice_lines(results: dict) -> list[str]:
     mesh = f" mesh={e['mesh']}" if e.get("mesh") else ""
     prior = (f"; prior from the warm-up {' '.join(f'{p:.2f}' for p in e['prior'])}"
              if e.get("prior") else "")
+    if e.get("prior_evidence"):
+      prior += f" over {' '.join(f'{n:.0f}' for n in e['prior_evidence'])} observations"
     out.append(f"- {adaptive_label(e)}{mesh} T={e['temperature']:g}: {shares} "
                f"({sum(counts)} iterations{prior})")
   return out

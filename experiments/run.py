@@ -242,6 +242,7 @@ def run_experiment(config, command: str | None = None) -> dict:
         rec["warmup_s"], _, stats = runner(rec, batches[0], (0, 0))
         if rec.get("rule") == "cost" and config.adaptive_warm:  # the timed calls start from
           rec["prior"] = [float(x) for x in np.asarray(stats.acceptance_estimates)]  # its end
+          rec["prior_evidence"] = [float(x) for x in np.asarray(stats.acceptance_evidence)]
         rec["memory"] = runner.memory(rec, batches[0])
         if bar is not None:
           bar.update(1)

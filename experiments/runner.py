@@ -62,7 +62,8 @@ class Runner:
     warm-up's estimates; traced, so the same compiled loop)."""
     table = s.get("cost_table")
     key = (s["method"], s["gamma"], s.get("tree"), s.get("mesh", ""), s.get("rule"),
-           None if table is None else s["temperature"], tuple(s.get("prior") or ()))
+           None if table is None else s["temperature"], tuple(s.get("prior") or ()),
+           tuple(s.get("prior_evidence") or ()))
     if key not in self.methods:
       entry = METHODS[s["method"]]
       self.methods[key] = (entry.role,

@@ -959,8 +959,14 @@ class WarmTest(absltest.TestCase):
     self.assertTrue(np.all((estimates >= 0) & (estimates <= 1)), msg=str(estimates))
     self.assertFalse(np.allclose(estimates, cold.prior), msg=str(estimates))  # it learned
     self.assertEqual(out.stats.summary()["acceptance_estimates"], estimates.tolist())
+    evidence = np.asarray(out.stats.acceptance_evidence)  # the observations behind them
+    self.assertEqual(evidence.shape, (MENU[-1],))
+    self.assertGreater(evidence[0], 0.0)
+    self.assertEqual(out.stats.summary()["acceptance_evidence"], evidence.tolist())
     warm = cold.warmed(out.stats)
     np.testing.assert_allclose(warm.prior, estimates, rtol=1e-6)
+    np.testing.assert_allclose(warm.prior_evidence, evidence, rtol=1e-6)
+    self.assertEqual(cold.warmed(estimates).prior_evidence, (0.0,) * MENU[-1])
     compiled = loop.decode_jit._cache_size()
     again = sj.generate(target, GREEDY_PROMPTS, warm, max_new_tokens=GREEDY_NEW)
     self.assertEqual(loop.decode_jit._cache_size(), compiled)  # the prior is traced
@@ -997,6 +1003,33 @@ class WarmTest(absltest.TestCase):
                         accept_prob=None, sampling=S(0.0))
       got = np.asarray(entry.commit(params, proposed, candidates, outcome).acceptance)
       np.testing.assert_allclose(got[:, 1:], [[0.55, 0.4]] * 2, rtol=1e-6)  # 0.6 + 0.5 (p - 0.6)
+
+
+  def test_the_prior_counts_as_its_evidence(self):
+    """``prior_evidence`` observations stand behind the prior (the prefilled ``seen``): a
+    first miss at position 0 moves a 0.6 estimate to 0.54 (an EMA of weight 0.1 already) with
+    7 of them, to 0.4 (a running mean over the prior's two) with none."""
+    target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
+    prompt = jnp.asarray([[3, 4, 5], [6, 7, 8]], jnp.int32)
+    lengths, pending = jnp.asarray([3, 3], jnp.int32), jnp.asarray([9, 10], jnp.int32)
+    keys = jax.random.split(jax.random.key(0), (2, MENU[-1]))
+    for evidence, after_miss in (((7.0, 0.0, 2.0), 0.54), (0.0, 0.4)):
+      method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=table(),
+                           prior=0.6, prior_evidence=evidence)
+      proposer, params = method.proposer(target)
+      state = proposer.prefill(params, prompt, lengths, 16)
+      np.testing.assert_array_equal(np.asarray(state.seen), [method.prior_evidence] * 2)
+      entry = proposer.variants[1]
+      candidates, proposed = entry.propose(params, state, pending, keys, S(0.0))
+      outcome = Outcome(target_length=lengths, path=jnp.full((2, 1), -1, jnp.int32),
+                        num_accepted=jnp.zeros((2,), jnp.int32), next_token=pending,
+                        active=jnp.asarray([True, True]),
+                        logits=jnp.zeros((2, 2, TF_CONFIG.vocab_size)), accept_prob=None,
+                        sampling=S(0.0))
+      got = entry.commit(params, proposed, candidates, outcome)
+      np.testing.assert_allclose(np.asarray(got.acceptance)[:, 0], [after_miss] * 2, rtol=1e-5)
+      np.testing.assert_array_equal(np.asarray(got.seen)[:, 0],
+                                    [method.prior_evidence[0] + 1] * 2)
 
 
 class MenuKeyTest(absltest.TestCase):
@@ -1059,6 +1092,12 @@ class ErrorTest(absltest.TestCase):
         (dict(method=spec, choices=MENU, prior=(0.5, 0.5), costs=table()),
          "prior must be one value or 3 .* got 2"),
         (dict(method=spec, prior="high", costs=FLAT), "prior must be a number"),
+        (dict(method=spec, prior_evidence=-1.0, costs=FLAT),
+         "prior_evidence must be a finite number >= 0 .* got -1.0"),
+        (dict(method=spec, prior_evidence=(1.0, float("nan")) * 3, costs=FLAT),
+         "prior_evidence must be .* got nan"),
+        (dict(method=spec, prior_evidence=(1.0, 2.0), costs=FLAT),
+         "prior_evidence must be one value or 6 .* got 2"),
         (dict(method=spec, margin=-0.1, costs=FLAT), "margin must be .* got -0.1"),
         (dict(method=spec, drift="last", costs=FLAT),
          "drift must be one of prior, first, got 'last'"),

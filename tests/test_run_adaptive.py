@@ -92,7 +92,9 @@ class AdaptiveRunTest(absltest.TestCase):
                        for k, n in zip(e["choices"], e["choice_counts"]))
     self.assertIn(f"- adaptive cost (speculative 0..2) T=0: {shares} ({e['iterations']} "
                   f"iterations; prior from the warm-up "
-                  f"{' '.join(f'{p:.2f}' for p in e['prior'])})", self.md)
+                  f"{' '.join(f'{p:.2f}' for p in e['prior'])} over "
+                  f"{' '.join(f'{n:.0f}' for n in e['prior_evidence'])} observations)", self.md)
+    self.assertGreater(e["prior_evidence"][0], 0)  # the warm-up's observations, carried
     self.assertIn("speculative == autoregressive: yes, token for token",
                   report.format_samples(self.results))
     reloaded = report.load_results(str(pathlib.Path(self.tmp.name, "results.json")))

@@ -38,10 +38,11 @@ class Adaptive:
   the chosen entry's drafts, back to ``prior`` or, with ``drift="first"``, to the row's own
   first-position estimate; a skipped draft follows the text and is scored
   over the plain tokens), keeping the last entry unless the best beats it by the factor
-  ``1 + margin``. ``prior`` is one value, or one per position (the largest choice's many):
-  ``warmed(stats)`` starts from where an earlier call's estimates ended, as a server carries
-  them from request to request, and runs the same compiled loop (the prior is traced, not
-  compiled in); ``"schedule"`` is
+  ``1 + margin``. ``prior`` is one value, or one per position (the largest choice's many),
+  and counts as two observations plus ``prior_evidence`` (one value or one per position; 0:
+  a guess); ``warmed(stats)`` starts from where an earlier call's estimates ended, with the
+  observations behind them, as a server carries them from request to request, and runs the
+  same compiled loop (both are traced, not compiled in); ``"schedule"`` is
   Hugging Face's +2/-1 heuristic; ``"confidence"`` stops the draft when its own probability of
   its guess falls below ``threshold`` (HF's 0.4; draft models only). The choice depends only on
   past iterations and the draft's own proposals, so every rule is lossless (``sj.Sampling``'s
@@ -58,6 +59,7 @@ class Adaptive:
   threshold: float = options.ADAPTIVE_DEFAULTS["threshold"]
   margin: float = options.ADAPTIVE_DEFAULTS["margin"]
   drift: str = options.ADAPTIVE_DRIFTS[0]  # "prior"
+  prior_evidence: float | tuple[float, ...] = 0.0
   name = "adaptive"
 
   def __post_init__(self):
@@ -68,6 +70,8 @@ class Adaptive:
                        f"{type(self.method).__name__}")
     object.__setattr__(self, "choices", check_menu(self.choices, self.rule))
     object.__setattr__(self, "prior", check_prior(self.prior, self.gamma))
+    object.__setattr__(self, "prior_evidence",
+                       check_prior(self.prior_evidence, self.gamma, "prior_evidence"))
     check_settings(self.decay, self.forget, self.threshold, self.margin, self.drift)
     if self.rule == "confidence" and not isinstance(self.method, (Speculative, SelfSpeculative)):
       raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
@@ -117,16 +121,22 @@ class Adaptive:
 
   def warmed(self, stats) -> "Adaptive":
     """This method with ``prior`` set to the acceptance estimates an earlier call's ``stats``
-    (``sj.DecodeStats``, or its ``acceptance_estimates``) ended with: the next call starts
-    from the evidence already seen instead of the fixed prior (which, where the draft rarely
-    pays, has the first iterations speculate until the estimates come down). Lossless like
+    (``sj.DecodeStats``, or its ``acceptance_estimates``) ended with, and ``prior_evidence``
+    to the observations behind them (``acceptance_evidence``; 0 from a bare array): the next
+    call starts from the evidence already seen instead of the fixed prior (which, where the
+    draft rarely pays, has the first iterations speculate until the estimates come down), and
+    weighs it as such (counted as two observations, a warmed estimate fell a third of the way
+    to 0 at its first miss: on the benchmark pair at batch 4 the rule then decoded plainly in
+    79% of iterations where one draft paid 7%; docs/benchmarks.md, session 42). Lossless like
     any prior: it depends on earlier calls only."""
     estimates = getattr(stats, "acceptance_estimates", stats)
     values = tuple(float(x) for x in np.asarray(estimates, np.float64).reshape(-1))
     if len(values) != self.gamma:
       raise ValueError(f"warmed needs {self.gamma} acceptance estimates (one per position of "
                        f"the largest choice), got {len(values)}: stats of another method?")
-    return dataclasses.replace(self, prior=values)
+    evidence = np.asarray(getattr(stats, "acceptance_evidence", 0.0), np.float64).reshape(-1)
+    return dataclasses.replace(self, prior=values,
+                               prior_evidence=tuple(float(x) for x in evidence))
 
   def at(self, gamma: int):
     """The wrapped method with ``gamma`` drafts per iteration (a tree method: ``gamma`` deep)."""
@@ -156,7 +166,8 @@ class Adaptive:
         decay=float(self.decay), forget=float(self.forget),
         threshold=float(self.threshold), vocab_size=target.config.vocab_size,
         margin=float(self.margin), shadow=shadow, drift=self.drift), AdaptiveParams(
-            inner=built[-1][1], prior=jnp.asarray(self.prior, jnp.float32))
+            inner=built[-1][1], prior=jnp.asarray(self.prior, jnp.float32),
+            evidence=jnp.asarray(self.prior_evidence, jnp.float32))
 
 
 def check_menu(choices, rule: str) -> tuple[int, ...]:
@@ -175,21 +186,27 @@ def check_menu(choices, rule: str) -> tuple[int, ...]:
   return tuple(int(k) for k in menu)
 
 
-def check_prior(prior, depth: int) -> tuple[float, ...]:
-  """``sj.Adaptive``'s prior, one value or ``depth`` of them (one per position), each in [0,
-  1], as ``depth`` floats; else a one-line ValueError naming the value."""
+def check_prior(prior, depth: int, name: str = "prior") -> tuple[float, ...]:
+  """``sj.Adaptive``'s prior (``name="prior"``: each in [0, 1]) or its evidence
+  (``"prior_evidence"``: observations, each finite and >= 0), one value or ``depth`` of them
+  (one per position), as ``depth`` floats; else a one-line ValueError naming the value."""
   prior = prior.tolist() if hasattr(prior, "tolist") else prior  # numpy / jax values
   values = (prior,) if isinstance(prior, (int, float, str)) else prior
+  kind = "a number in [0, 1]" if name == "prior" else "a finite number >= 0"
   try:
     values = tuple(values)
   except TypeError:
-    raise ValueError(f"prior must be a number in [0, 1] or {depth} of them (one per position), "
+    raise ValueError(f"{name} must be {kind} or {depth} of them (one per position), "
                      f"got {prior!r}") from None
   if len(values) not in (1, depth):
-    raise ValueError(f"prior must be one value or {depth} (one per position of the largest "
+    raise ValueError(f"{name} must be one value or {depth} (one per position of the largest "
                      f"choice), got {len(values)}: {prior!r}")
   for value in values:
-    options.check_unit_number(value, "prior")
+    if name == "prior":
+      options.check_unit_number(value, name)
+    elif (isinstance(value, bool) or not isinstance(value, (int, float))
+          or not np.isfinite(value) or value < 0):
+      raise ValueError(f"{name} must be {kind} (observations), got {value!r}")
   return tuple(float(v) for v in values) * (depth if len(values) == 1 else 1)
 
 

@@ -337,8 +337,9 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
       return carry
 
     _, _, state = jax.lax.while_loop(lambda c: ~jnp.all(c[2].done), sweep, choose(state))
-    state = state.replace(stats=state.stats.replace(
-        acceptance_estimates=proposer.estimates(state.proposer)))
+    estimates, evidence = proposer.estimates(state.proposer)
+    state = state.replace(stats=state.stats.replace(acceptance_estimates=estimates,
+                                                    acceptance_evidence=evidence))
   result = state.out[:, :max_new_tokens], state.stats.generated, state.stats
   return result if placement is None else placement.replicate(result)
 

@@ -41,6 +41,8 @@ class DecodeStats:
   # float32[G] an adaptive method's per-position acceptance estimates where the call ended, the
   # rows' mean (``sj.Adaptive.warmed`` starts a later call from them; G = 0 for a fixed method).
   acceptance_estimates: jax.Array
+  # float32[G] the observations behind each (the rows' mean; ``warmed``'s ``prior_evidence``).
+  acceptance_evidence: jax.Array
   # "exact" for every lossless method; a lossy verifier's label (Medusa's typical acceptance at
   # T > 0: ``specjax.verify.typical``) otherwise, so no report mistakes its run for a lossless one.
   verifier: str = flax.struct.field(pytree_node=False, default="exact")
@@ -55,6 +57,7 @@ class DecodeStats:
                accepted_length_counts=zi(gamma + 1),
                alpha_sum=jnp.zeros((), jnp.float32), alpha_count=zi(), choice_counts=zi(choices),
                acceptance_estimates=jnp.zeros((gamma if choices else 0,), jnp.float32),
+               acceptance_evidence=jnp.zeros((gamma if choices else 0,), jnp.float32),
                verifier=verifier)
 
   @property
@@ -107,4 +110,5 @@ class DecodeStats:
                 accepted_length_counts=[int(x) for x in np.asarray(self.accepted_length_counts)],
                 choice_counts=[int(x) for x in np.asarray(self.choice_counts)],
                 acceptance_estimates=[float(x) for x in np.asarray(self.acceptance_estimates)],
+                acceptance_evidence=[float(x) for x in np.asarray(self.acceptance_evidence)],
                 verifier=self.verifier, lossless=self.verifier == "exact")

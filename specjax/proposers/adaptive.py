@@ -27,7 +27,7 @@ Rules (``RULES``):
   (``shrink``): the least of several noisy estimates is low, and it prices the batch.
   ``a_bj`` is a per-row running estimate of the acceptance at position j: a running average (the
   prior, one value per position and an input of the loop (``AdaptiveParams``: a later call can start
-  from an earlier one's ``estimates``), counting as ``PRIOR_WEIGHT`` observations, then an
+  from an earlier one's ``estimates``), counting as ``PRIOR_WEIGHT`` + its evidence, then an
   exponential moving average of weight ``decay`` on the newest observation: ``kept_weight``) of the
   verifier's exact acceptance probability (T > 0: ``sum_x min(p, q)`` for sampled drafts, ``p(x)``
   for deterministic ones; T = 0: the match indicator) at the positions whose test ran; positions
@@ -126,12 +126,12 @@ class AdaptiveState:
 
 @flax.struct.dataclass
 class AdaptiveParams:
-  """The traced inputs of an ``AdaptiveProposer``: the wrapped proposer's own and the prior,
-  which the compiled loop takes as an argument, so that a call started from the estimates an
-  earlier call ended with (``sj.Adaptive.warmed``) runs the same compiled loop."""
+  """The traced inputs of an ``AdaptiveProposer`` (the wrapped proposer's own, the prior and its
+  weight): a call warmed by an earlier one's estimates (``sj.Adaptive.warmed``) reuses the loop."""
 
   inner: Any  # the wrapped proposer's params (a draft's weights; None for most draft-free ones)
   prior: jax.Array  # float32[G] each position's starting estimate and drift target
+  evidence: jax.Array  # float32[G] observations the prior counts as, beyond PRIOR_WEIGHT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +217,7 @@ class AdaptiveProposer:
         inner=self.largest.prefill(params.inner, prompt, prompt_lengths, cache_length),
         text=TokenHistory.of_prompt(prompt, prompt_lengths, cache_length),
         acceptance=jnp.broadcast_to(params.prior.astype(jnp.float32), (batch, g)),
-        seen=jnp.zeros((batch, g), jnp.float32),
+        seen=jnp.broadcast_to(params.evidence.astype(jnp.float32), (batch, g)),
         shadow=jnp.full((batch, 1 if self.shadow is None else self.shadow.num_candidates), -1,
                         jnp.int32),
         gamma=jnp.int32(self.choices[-1]),
@@ -376,10 +376,10 @@ class AdaptiveProposer:
     return self.largest.sync(params.inner, state.inner, state.text.tokens, state.text.lengths,
                              self.depth)
 
-  def estimates(self, state: AdaptiveState) -> jax.Array:
-    """float32[G]: the rows' mean acceptance estimate per position, where the call ended
-    (``DecodeStats.acceptance_estimates``: a later call's prior, ``sj.Adaptive.warmed``)."""
-    return jnp.mean(state.acceptance, axis=0)
+  def estimates(self, state: AdaptiveState) -> tuple[jax.Array, jax.Array]:
+    """float32[G] each: the rows' mean acceptance estimate per position where the call ended,
+    and the observations behind it (a later call's prior and its weight, ``warmed``)."""
+    return jnp.mean(state.acceptance, axis=0), jnp.mean(state.seen, axis=0)
 
 
 @dataclasses.dataclass(frozen=True)
