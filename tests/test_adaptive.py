@@ -1004,7 +1004,6 @@ class WarmTest(absltest.TestCase):
       got = np.asarray(entry.commit(params, proposed, candidates, outcome).acceptance)
       np.testing.assert_allclose(got[:, 1:], [[0.55, 0.4]] * 2, rtol=1e-6)  # 0.6 + 0.5 (p - 0.6)
 
-
   def test_the_prior_counts_as_its_evidence(self):
     """``prior_evidence`` observations stand behind the prior (the prefilled ``seen``): a
     first miss at position 0 moves a 0.6 estimate to 0.54 (an EMA of weight 0.1 already) with
