@@ -5,6 +5,7 @@ config is refused in well under a second; the library modules that take the opti
 from here. Nothing in this module may import jax (``specjax/__init__.py`` is lazy for this).
 """
 
+import math
 import numbers
 
 # How a static draft tree's children are drawn (``sj.TreeSpeculative(children=)``,
@@ -59,6 +60,14 @@ def check_adaptive_drift(value, field: str = "drift") -> None:
   """One of ``ADAPTIVE_DRIFTS``, else a one-line ValueError naming ``field`` and the value."""
   if value not in ADAPTIVE_DRIFTS:
     raise ValueError(f"{field} must be one of {', '.join(ADAPTIVE_DRIFTS)}, got {value!r}")
+
+
+def check_count(value, field: str) -> None:
+  """A finite number >= 0 (observations: ``sj.Adaptive``'s ``prior_evidence``); else a one-line
+  ValueError naming ``field`` and the value."""
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  if not ok or not math.isfinite(value) or value < 0:
+    raise ValueError(f"{field} must be a finite number >= 0 (observations), got {value!r}")
 
 
 def check_unit_number(value, field: str, open_at_zero: bool = False) -> None:

@@ -69,9 +69,10 @@ class Adaptive:
                        f"at_depth (Retrieval, TreeSpeculative, SpecTr), got "
                        f"{type(self.method).__name__}")
     object.__setattr__(self, "choices", check_menu(self.choices, self.rule))
-    object.__setattr__(self, "prior", check_prior(self.prior, self.gamma))
-    object.__setattr__(self, "prior_evidence",
-                       check_prior(self.prior_evidence, self.gamma, "prior_evidence"))
+    object.__setattr__(self, "prior", per_position(self.prior, self.gamma, "prior"))
+    object.__setattr__(self, "prior_evidence", per_position(
+        self.prior_evidence, self.gamma, "prior_evidence", options.check_count,
+        "a finite number >= 0"))
     check_settings(self.decay, self.forget, self.threshold, self.margin, self.drift)
     if self.rule == "confidence" and not isinstance(self.method, (Speculative, SelfSpeculative)):
       raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
@@ -186,33 +187,29 @@ def check_menu(choices, rule: str) -> tuple[int, ...]:
   return tuple(int(k) for k in menu)
 
 
-def check_prior(prior, depth: int, name: str = "prior") -> tuple[float, ...]:
-  """``sj.Adaptive``'s prior (``name="prior"``: each in [0, 1]) or its evidence
-  (``"prior_evidence"``: observations, each finite and >= 0), one value or ``depth`` of them
-  (one per position), as ``depth`` floats; else a one-line ValueError naming the value."""
-  prior = prior.tolist() if hasattr(prior, "tolist") else prior  # numpy / jax values
-  values = (prior,) if isinstance(prior, (int, float, str)) else prior
-  kind = "a number in [0, 1]" if name == "prior" else "a finite number >= 0"
+def per_position(given, depth: int, name: str, check=options.check_unit_number,
+                 kind: str = "a number in [0, 1]") -> tuple[float, ...]:
+  """``sj.Adaptive``'s ``name`` (the prior; its evidence), one value or ``depth`` of them (one per
+  position), each passing ``check(value, name)`` (``kind`` says what it accepts), as ``depth``
+  floats; else a one-line ValueError naming the value."""
+  given = given.tolist() if hasattr(given, "tolist") else given  # numpy / jax values
+  values = (given,) if isinstance(given, (int, float, str)) else given
   try:
     values = tuple(values)
   except TypeError:
     raise ValueError(f"{name} must be {kind} or {depth} of them (one per position), "
-                     f"got {prior!r}") from None
+                     f"got {given!r}") from None
   if len(values) not in (1, depth):
     raise ValueError(f"{name} must be one value or {depth} (one per position of the largest "
-                     f"choice), got {len(values)}: {prior!r}")
+                     f"choice), got {len(values)}: {given!r}")
   for value in values:
-    if name == "prior":
-      options.check_unit_number(value, name)
-    elif (isinstance(value, bool) or not isinstance(value, (int, float))
-          or not np.isfinite(value) or value < 0):
-      raise ValueError(f"{name} must be {kind} (observations), got {value!r}")
+    check(value, name)
   return tuple(float(v) for v in values) * (depth if len(values) == 1 else 1)
 
 
 def check_settings(decay, forget, threshold, margin=0.0, drift="prior") -> None:
   """The estimator's, the cost rule's and the confidence rule's settings (the prior:
-  ``check_prior``), or a one-line ValueError."""
+  ``per_position``), or a one-line ValueError."""
   options.check_adaptive_drift(drift)
   options.check_unit_number(decay, "decay", open_at_zero=True)
   for field, value in (("forget", forget), ("threshold", threshold), ("margin", margin)):
