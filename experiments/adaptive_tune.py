@@ -18,10 +18,11 @@ batch and a context of the prompts plus half the new tokens); it is printed and 
 Figure of merit. Greedy decoding makes every setting's tokens, iterations and choices a pure
 function of the models, the prompts and the table, so the comparison is free of timing noise:
 modelled throughput = tokens / sum over iterations of the iteration's cost in target steps (a
-fixed gamma: ``chain_cost(gamma)`` per iteration; the adaptive rule: ``sum_k counts_k
-chain_cost(k)`` over its choice histogram), relative to autoregressive decoding's (its tokens
-per target step: the rows still decoding); a skipped draft's catch-up passes are left out of
-it. Wall clock of one timed call per setting is printed beside it (the setting's time over
+fixed gamma: ``entry_cost(gamma)`` per iteration; the adaptive rule: ``sum_k counts_k
+entry_cost(k)`` over its choice histogram), relative to autoregressive decoding's (its tokens
+per ``entry_cost(0)``: the rows still decoding); a skipped draft's catch-up passes are left out
+of it unless the table was calibrated (``--costs_in`` of a runner's calibrated table: every
+entry at its loop's own iteration, ``sj.Adaptive.calibrated``). Wall clock of one timed call per setting is printed beside it (the setting's time over
 autoregressive decoding's: noisy on a shared CPU; the runner's ``configs/adaptive.py`` times
 them with repeats).
 """
@@ -135,12 +136,12 @@ def main(argv):
     print(f"{name:44s} {out.tokens_per_call:8.3f} {model:8.3f} "
           f"{seconds / ar_s:7.3f}  {counts}", flush=True)
 
-  ar_rate = ar_out.tokens / ar_out.calls  # tokens per target step (the batch's rows)
+  ar_rate = ar_out.tokens / (ar_out.calls * table.entry_cost(0))  # per target step (all rows)
   show("autoregressive", ar_out, ar_s, 1.0)
   for g in gammas:
     out, s = run_one(target, batches, sj.Speculative(draft, gamma=g), FLAGS.max_new_tokens, eos)
     show(f"speculative gamma {g}", out, s,
-         out.tokens / (out.calls * table.chain_cost(g)) / ar_rate)
+         out.tokens / (out.calls * table.entry_cost(g)) / ar_rate)
   default = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=choices, costs=table)
   settings = [dict(decay=float(d), prior=float(p)) for d, p in
               itertools.product(FLAGS.decays, FLAGS.priors)]

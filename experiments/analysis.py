@@ -30,7 +30,7 @@ def _entry(rec: dict) -> dict:
                                "mesh", "memory")}
   entry.update({k: rec[k] for k in ("rule", "base", "base_tree", "choices", "passes",
                                     "draft_widths", "cost_table", "verify", "prior",
-                                    "prior_evidence")
+                                    "prior_evidence", "calibration_s")
                 if k in rec})
   # The greedy/sampled outputs of the first timed repeat, to compare runs (e.g. one process
   # against several) without storing every token.
@@ -127,8 +127,9 @@ def _head_model(e: dict, nodes: int, cost: dict, base: dict | None) -> None:
 def _adaptive_model(e: dict, base: dict | None) -> None:
   """An adaptive setting's modelled speedup from its histogram of choices: the tokens a row got
   from the loop's iterations over what those iterations cost in target steps (each choice k at
-  its table's ``chain_cost(k)``), per call. The iterations are the batch's, so rows left idle
-  are in the cost already; only the baseline's own idle rows are divided out."""
+  its table's ``entry_cost(k)``: its loop's own when calibrated), per call. The iterations are
+  the batch's, so rows left idle are in the cost already; only the baseline's own idle rows are
+  divided out."""
   counts, table = e.get("choice_counts"), e.get("cost_table")
   if not counts or not table or not e.get("calls"):
     return

@@ -280,8 +280,8 @@ def _adaptive(config, s: dict, models: dict):
 # PASS, a draft-free method whose iteration is one pass over [pending, its tokens].
 # HEAD, an EAGLE head's iteration: its drafting passes (gamma for a chain, the depth for a tree)
 # at the head's measured step cost, then the target's pass over [pending, its tokens].
-# ADAPTIVE, ``sj.Adaptive``: per iteration one entry of its menu, each at ``CostTable.chain_cost``
-# of its base's table (``adaptive_table``), weighed by the run's histogram of choices.
+# ADAPTIVE, ``sj.Adaptive``: per iteration one entry of its menu, each at ``CostTable.entry_cost``
+# of its base's table (``adaptive_table``; calibrated: the loop's own), weighed by the histogram.
 CHAIN, SELF, TREE, PASS, HEAD, ADAPTIVE = "chain", "self", "tree", "pass", "head", "adaptive"
 
 

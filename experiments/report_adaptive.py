@@ -29,6 +29,10 @@ def choice_lines(results: dict) -> list[str]:
              if e.get("prior") else "")
     if e.get("prior_evidence"):
       prior += f" over {' '.join(f'{n:.0f}' for n in e['prior_evidence'])} observations"
+    loop = (e.get("cost_table") or {}).get("loop")
+    if loop:  # sj.Adaptive.calibrated: each entry's loop iteration, in target steps
+      prior += (f"; priced by its loop ({' '.join(f'{k}: {v:.2f}' for k, v in loop.items())} "
+                f"target steps, {e.get('calibration_s', 0.0):.0f} s)")
     out.append(f"- {adaptive_label(e)}{mesh} T={e['temperature']:g}: {shares} "
                f"({sum(counts)} iterations{prior})")
   return out

@@ -120,9 +120,8 @@ def base_config() -> ml_collections.ConfigDict:
   # or "random:<name>" (tiny random models built in-process; see experiments/random_models.py).
   c.target = DEFAULT
   c.draft = DEFAULT  # also "smollm2-draft": SmolLM2's distilled draft (trained on first use)
-  # "auto": a draft checkpoint with a reduced-vocabulary head (reduced_vocab.VOCAB_FILE) decodes
-  # through that head (q = 0 outside its ids: lossless, cheaper); "full": its whole head.
-  # transformers (hf_assisted) always runs the full head.
+  # "auto": a draft with a reduced-vocabulary head (reduced_vocab.VOCAB_FILE) decodes through it
+  # (q = 0 outside its ids: lossless, cheaper; hf_assisted: the full head); "full": whole head.
   c.draft_vocab = "auto"
   c.dtype = "float32"
   c.tokenizer = ""  # "" -> the target's directory (or bytes for random models); "bytes"; a dir
@@ -144,8 +143,7 @@ def base_config() -> ml_collections.ConfigDict:
   # nodes a level within retrieval_nodes; or tree, below), one setting per rule of
   # adaptive_rules: "cost" (the run's measured cost table), "schedule" (HF's +2/-1),
   # "confidence" (the draft stops below adaptive_threshold; draft-model bases only; its menu is
-  # every length 1..the largest choice).
-  # decay / prior / forget: the acceptance estimates' (cost rule); margin: its hysteresis.
+  # every length 1..the largest choice). decay / prior / forget / margin: the cost rule's.
   c.adaptive_method = "speculative"
   # adaptive_method "tree": the draft's tree (a spec as in config.trees: full, chains, comb,
   # dynamic, spectr, naive) cut to each depth of the menu (a dynamic tree's nodes prorated by
@@ -158,6 +156,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.adaptive_drift = options.ADAPTIVE_DRIFTS[0]  # untested positions drift toward: prior / first
   # The cost rule's timed calls start from its warm-up's estimates (sj.Adaptive.warmed), not
   c.adaptive_warm = True  # adaptive_prior; results.json records each setting's "prior"
+  # The cost rule's table priced by its own loop (sj.Adaptive.calibrated: this many repeats on
+  c.adaptive_calibration = 3  # the first batch; 0: the bare passes' prices); results "loop"
   c.max_ngram = 3  # prompt_lookup: the longest n-gram looked up in the row's own text
   # Token trees and multi-draft methods run by method "tree", one setting per spec
   # (parse_tree_spec): full:DxB, chains:NxD, comb:DxW, dynamic:DxWxN (EAGLE-2), spectr:KxL
@@ -205,10 +205,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.stop_at_eos = False  # False: every row generates exactly max_new_tokens (cleaner timing)
   c.repeats = 3
   c.seed = 0
-  # The draft/target cost ratio c of Leviathan et al.: "step" times draft steps against target
-  # steps inside a jitted loop (as in decoding) at the run's batch size; "ar" uses draft-alone vs
-  # target-alone autoregressive tokens/s (needs "draft_autoregressive" in methods). cost_ratio > 0
-  # overrides both.
+  # The draft/target cost ratio c (Leviathan et al.): "step" times draft against target steps in
+  # a jitted loop (as decoding runs them) at the run's batch; "ar": draft-alone vs target-alone
+  # autoregressive tokens/s (needs "draft_autoregressive" in methods); cost_ratio > 0: this.
   c.cost_ratio_source = "step"
   c.cost_ratio = 0.0
   c.output_dir = "runs/experiment"
@@ -485,13 +484,14 @@ def _check_adaptive(config) -> None:
     options.check_adaptive_drift(config.adaptive_drift, "adaptive_drift")
   except ValueError as e:
     raise ConfigError(str(e)) from None
+  _check_int(config, "adaptive_calibration", 0)
   rules = tuple(config.adaptive_rules)
   if not rules:
     raise ConfigError(f"adaptive_rules is empty; give at least one of {', '.join(ADAPTIVE_RULES)}")
-  for rule in rules:
-    if rule not in ADAPTIVE_RULES:
-      raise ConfigError(f"adaptive_rules: unknown rule {rule!r}; known: "
-                        f"{', '.join(ADAPTIVE_RULES)}")
+  unknown = [r for r in rules if r not in ADAPTIVE_RULES]
+  if unknown:
+    raise ConfigError(f"adaptive_rules: unknown rule {unknown[0]!r}; known: "
+                      f"{', '.join(ADAPTIVE_RULES)}")
   if len(set(rules)) != len(rules):
     raise ConfigError(f"adaptive_rules lists a rule twice: {list(rules)}")
   if config.adaptive_method == "tree":

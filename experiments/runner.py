@@ -58,12 +58,12 @@ class Runner:
   def method(self, s: dict):
     """(role, sj method) of setting ``s``: its ``METHODS`` entry built once per (sweep value,
     mesh) on the models placed on that mesh, and per temperature for an adaptive setting (its
-    cost table is the one timed at its temperature) and per prior (``adaptive_warm``: the
-    warm-up's estimates; traced, so the same compiled loop)."""
+    cost table is the one timed at its temperature; calibrated or not) and per prior
+    (``adaptive_warm``: the warm-up's estimates; both traced, so the same compiled loop)."""
     table = s.get("cost_table")
     key = (s["method"], s["gamma"], s.get("tree"), s.get("mesh", ""), s.get("rule"),
-           None if table is None else s["temperature"], tuple(s.get("prior") or ()),
-           tuple(s.get("prior_evidence") or ()))
+           None if table is None else (s["temperature"], str(table.get("loop"))),
+           tuple(s.get("prior") or ()), tuple(s.get("prior_evidence") or ()))
     if key not in self.methods:
       entry = METHODS[s["method"]]
       self.methods[key] = (entry.role,
@@ -82,6 +82,18 @@ class Runner:
         method=method, sampling=sampling, max_new_tokens=int(self.config.max_new_tokens),
         key=key, eos_token_id=self.eos, prompt_width=self.prompt_width, mesh=self.mesh(mesh),
         draft_sharding=self.config.draft_sharding if mesh else "rules")
+
+  def calibrate(self, s: dict, batch: list[list[int]]) -> dict:
+    """Adaptive setting ``s``'s cost table priced by its own loop on ``batch``
+    (``sj.Adaptive.calibrated``, ``config.adaptive_calibration`` repeats: each menu entry's
+    iteration timed in the loop held there), as ``CostTable.to_dict``; at the run's arguments
+    but EOS (every row decodes its budget: without ``stop_at_eos`` the run reuses the loop)."""
+    (model, prompts), kwargs = self._generate_args(s, batch, (0, 0))
+    method, sampling = kwargs.pop("method"), kwargs.pop("sampling")
+    del kwargs["eos_token_id"]
+    calibrated = method.calibrated(model, prompts, sampling=sampling,
+                                   repeats=int(self.config.adaptive_calibration), **kwargs)
+    return calibrated.costs.to_dict()
 
   def memory(self, s: dict, batch: list[list[int]]) -> dict | None:
     """Bytes per device of the setting's compiled loop (``sj.compile_generate``: after the

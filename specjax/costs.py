@@ -48,11 +48,12 @@ def checked_int(where: str, value: Any, minimum: int) -> int:
   return int(value)
 
 
-def _costs_by_int(name: str, table: Any) -> dict[int, float]:
+def _costs_by_int(name: str, table: Any, minimum: int = 1) -> dict[int, float]:
   """A checked copy of ``table`` (tokens or gamma -> cost), in key order."""
   if not isinstance(table, dict):
     raise ValueError(f"{name} = {table!r} must be a dict")
-  checked = {checked_int(f"{name} key", k, 1): _cost(f"{name}[{k}]", v) for k, v in table.items()}
+  checked = {checked_int(f"{name} key", k, minimum): _cost(f"{name}[{k}]", v)
+             for k, v in table.items()}
   return dict(sorted(checked.items()))
 
 
@@ -72,7 +73,12 @@ class CostTable:
   pass over T > 1 tokens that projects one of them onto the vocabulary (a draft tree's level;
   ``draft_pass_cost``); ``iteration``: gamma -> a measured
   bare iteration (gamma draft steps, then a gamma + 1 token pass); ``head_step``: an EAGLE head's
-  c by name; ``target_step_ms``: the unit, in milliseconds; ``device``: where it was measured;
+  c by name; ``loop``: gamma (a menu entry's drafts or depth, 0 for plain decoding) -> one
+  iteration of an ``sj.Adaptive`` loop held at that entry, timed in the loop itself
+  (``sj.Adaptive.calibrated``: its bookkeeping, rollback and a skipped draft's catch-up
+  included, which the bare passes leave out), priced instead of the passes where present (for
+  the method and menu it was timed with); ``target_step_ms``: the unit, in milliseconds;
+  ``device``: where it was measured;
   ``sampling``: the ``sj.Sampling`` its steps and iterations ran at (greedy by default: a sampled
   iteration draws its drafts and applies rejection sampling, and costs more than a greedy one).
   Keyword-only; the dicts are copied (int keys, float costs) and every value checked."""
@@ -82,6 +88,7 @@ class CostTable:
   draft_pass: dict[int, float] = dataclasses.field(default_factory=dict)
   iteration: dict[int, float] = dataclasses.field(default_factory=dict)
   head_step: dict[str, float] = dataclasses.field(default_factory=dict)
+  loop: dict[int, float] = dataclasses.field(default_factory=dict)
   batch: int
   context: int
   target_step_ms: float
@@ -108,6 +115,7 @@ class CostTable:
         draft_pass=_costs_by_int("draft_pass", self.draft_pass),
         iteration=_costs_by_int("iteration", self.iteration),
         head_step={n: _cost(f"head_step[{n!r}]", v) for n, v in sorted(self.head_step.items())},
+        loop=_costs_by_int("loop", self.loop, minimum=0),
         batch=checked_int("batch", self.batch, 1), context=checked_int("context", self.context, 0),
         target_step_ms=_cost("target_step_ms", self.target_step_ms))
     for name, value in fields.items():  # normalised copies: the caller's dicts stay theirs
@@ -148,7 +156,13 @@ class CostTable:
     passes over ``draft_widths`` tokens each (none for a draft-free tree) and its target pass,
     ``sum_w draft_pass_cost(w) + v(tree_nodes + 1)``; plain decoding (``gamma`` 0) is 1.0.
     The sum leaves out what the two models cost more run in turn than timed apart (a chain's
-    measured bare iteration holds it)."""
+    measured bare iteration holds it). A calibrated table (``loop``) gives the loop's own
+    iteration at ``gamma`` instead."""
+    if self.loop:
+      if checked_int("gamma", gamma, 0) not in self.loop:
+        raise ValueError(f"no calibrated loop iteration at {gamma} drafts (calibrated: "
+                         f"{sorted(self.loop)}): calibrate the table for this menu")
+      return self.loop[gamma]
     if tree_nodes is None or checked_int("gamma", gamma, 0) == 0:
       return self.chain_cost(gamma)
     drafting = sum(self.draft_pass_cost(checked_int("draft width", w, 1)) for w in draft_widths)
@@ -171,7 +185,9 @@ class CostTable:
             "draft_step": self.draft_step,
             "draft_pass": {str(k): v for k, v in self.draft_pass.items()},
             "iteration": {str(k): v for k, v in self.iteration.items()},
-            "head_step": dict(self.head_step), "batch": self.batch, "context": self.context,
+            "head_step": dict(self.head_step),
+            "loop": {str(k): v for k, v in self.loop.items()},
+            "batch": self.batch, "context": self.context,
             "target_step_ms": self.target_step_ms, "device": self.device,
             "sampling": dataclasses.asdict(self.sampling)}
 
@@ -209,7 +225,7 @@ class CostTable:
       raise ValueError(f"sampling = {sampling!r} must be an object of temperature, top_k, top_p")
     return cls(**{**{k: v for k, v in data.items() if k in names},
                   "verify": by_int("verify"), "iteration": by_int("iteration"),
-                  "draft_pass": by_int("draft_pass"),
+                  "draft_pass": by_int("draft_pass"), "loop": by_int("loop"),
                   "sampling": Sampling(**sampling)})
 
   def to_json(self) -> str:

@@ -425,20 +425,21 @@ class ChoiceTest(absltest.TestCase):
     # Backing off: where speculation never pays, each look puts the next twice as far off, up
     # to LOOK_BACKOFF spans; a plain run short of the current span does not look; a
     # speculating iteration (FLAT: drafting is free) brings the first span back.
-    hopeless, _ = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=PROHIBITIVE,
-                              decay=0.2).proposer(target)
+    hopeless, priced = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU,
+                                   costs=PROHIBITIVE, decay=0.2).proposer(target)
+    priced = params.replace(costs=priced.costs)  # the entries' costs are traced
     cap = adaptive_lib.LOOK_BACKOFF * span
     for every, run, after_every in ((span, span, 2 * span), (2 * span, 2 * span, 4 * span),
                                     (cap, cap, cap), (2 * span, span, 2 * span)):
       start = state.replace(last=jnp.int32(0), plain_run=jnp.int32(run),
                             look_every=jnp.int32(every))
-      index, after = choose(hopeless, params, start, jnp.asarray(pending), keys, S(0.0), active,
+      index, after = choose(hopeless, priced, start, jnp.asarray(pending), keys, S(0.0), active,
                             jnp.full((3,), 64, jnp.int32))
       self.assertEqual((int(index), int(after.look_every)), (0, after_every), msg=f"{every}")
       self.assertEqual(int(after.plain_run), 0 if run >= every else run)
-    free, _ = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=FLAT,
-                          decay=0.2).proposer(target)
-    index, after = choose(free, params, start.replace(plain_run=jnp.int32(cap)),
+    free, priced = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=FLAT,
+                               decay=0.2).proposer(target)
+    index, after = choose(free, params.replace(costs=priced.costs), start.replace(plain_run=jnp.int32(cap)),
                           jnp.asarray(pending), keys, S(0.0), active,
                           jnp.full((3,), 64, jnp.int32))
     self.assertEqual((int(index), int(after.look_every)), (3, span))
@@ -617,9 +618,9 @@ class ChoiceTest(absltest.TestCase):
     a, on = jnp.full((1, 3), 0.5), jnp.asarray([True])
     for margin, last, want in ((0.0, 0, 1), (0.05, 0, 1), (0.1, 0, 0), (0.1, 2, 1),
                                (0.1, -1, 1), (1.0, 3, 3)):
-      proposer, _ = sj.Adaptive(inner["speculative"], choices=MENU, costs=table(),
-                                margin=margin).proposer(target)
-      got = proposer.best(a, jnp.zeros_like(a), on, jnp.int32(last), jnp.asarray([64]))
+      proposer, params = sj.Adaptive(inner["speculative"], choices=MENU, costs=table(),
+                                     margin=margin).proposer(target)
+      got = proposer.best(params.costs, a, jnp.zeros_like(a), on, jnp.int32(last), jnp.asarray([64]))
       self.assertEqual(int(got), want, msg=f"margin {margin}, last {last}")
 
   def test_schedule_moves_plus_two_minus_one(self):
@@ -719,11 +720,11 @@ class ChoiceTest(absltest.TestCase):
     iterations, not 49.2: 1.236 / 1.25 = 0.989 tokens a step) and decode plain; with 512 tokens
     left each the wait is a smaller share (1.277 tokens an iteration) and they speculate."""
     target, inner = methods()
-    proposer, _ = sj.Adaptive(inner["speculative"], choices=(0, 1),
-                              costs=table((1.0, 1.23), 0.02)).proposer(target)
+    proposer, params = sj.Adaptive(inner["speculative"], choices=(0, 1),
+                                   costs=table((1.0, 1.23), 0.02)).proposer(target)
     for rows, left, want in ((1, 64, 1), (4, 64, 0), (4, 512, 1)):
       a, on = jnp.full((rows, 1), 0.3), jnp.ones((rows,), bool)
-      got = proposer.best(a, jnp.zeros_like(a), on, jnp.int32(-1),
+      got = proposer.best(params.costs, a, jnp.zeros_like(a), on, jnp.int32(-1),
                           jnp.full((rows,), left, jnp.int32))
       self.assertEqual(int(got), want, msg=f"{rows} rows, {left} tokens left")
 
@@ -794,14 +795,15 @@ class ChoiceTest(absltest.TestCase):
     (within the spread their noise gives: 0.13) priced as they are make the 0.25 row the
     slowest and plain decoding the choice; shrunk, the rule speculates."""
     target, inner = methods()
-    proposer, _ = sj.Adaptive(inner["speculative"], choices=(0, 1),
-                              costs=table((1.0, 1.23), 0.02)).proposer(target)
+    proposer, params = sj.Adaptive(inner["speculative"], choices=(0, 1),
+                                   costs=table((1.0, 1.23), 0.02)).proposer(target)
     a, on = jnp.asarray([[0.25], [0.4], [0.4], [0.55]]), jnp.ones((4,), bool)
     left = jnp.full((4,), 64, jnp.int32)
     unseen, seen = jnp.zeros((4, 1)), jnp.full((4, 1), 10.0)  # none behind them: as they are
-    self.assertEqual(int(proposer.best(jnp.full((4, 1), 0.4), seen, on, jnp.int32(-1), left)), 1)
-    self.assertEqual(int(proposer.best(a, unseen, on, jnp.int32(-1), left)), 0)
-    self.assertEqual(int(proposer.best(a, seen, on, jnp.int32(-1), left)), 1)
+    best = lambda a, seen: int(proposer.best(params.costs, a, seen, on, jnp.int32(-1), left))
+    self.assertEqual(best(jnp.full((4, 1), 0.4), seen), 1)
+    self.assertEqual(best(a, unseen), 0)
+    self.assertEqual(best(a, seen), 1)
 
 
 def estimate_after(observations: jax.Array, decay: float, prior: float = 0.5) -> jax.Array:
@@ -941,7 +943,7 @@ class PassesTest(absltest.TestCase):
     costs = sj.CostTable.measure(target, draft, batch=1, context=4, cache_length=24,
                                  steps_per_call=2, min_seconds=0.0, max_iters=5,
                                  **sj.Adaptive.passes(trees, MENU))
-    self.assertLen(sj.Adaptive(trees, choices=MENU, costs=costs).proposer(target)[0].costs, 4)
+    self.assertLen(sj.Adaptive(trees, choices=MENU, costs=costs).proposer(target)[1].costs, 4)
     with self.assertRaisesRegex(ValueError, "wraps a chain method"):
       sj.Adaptive.passes(sj.Lookahead())
 

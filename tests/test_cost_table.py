@@ -130,6 +130,29 @@ class CostTableTest(absltest.TestCase):
       table.save(path)
       self.assertEqual(CostTable.load(path), table)
 
+  def test_a_calibrated_loop_prices_the_entries(self):
+    """``loop`` (``sj.Adaptive.calibrated``: each menu entry's iteration timed in its own loop,
+    0 = plain decoding) replaces the passes' prices, travels through JSON, and names what it
+    lacks; a table without it (or saved before it) prices by the passes."""
+    table = _table(loop={0: 1.05, 2: 1.9})
+    self.assertEqual(table.entry_cost(0), 1.05)
+    self.assertEqual(table.entry_cost(2), 1.9)  # not iteration[2] = 1.6
+    self.assertEqual(table.menu_cost((0, 2), (10, 5)), 10 * 1.05 + 5 * 1.9)
+    with self.assertRaisesRegex(ValueError, r"no calibrated loop iteration at 1 drafts "
+                                r"\(calibrated: \[0, 2\]\)"):
+      table.entry_cost(1)
+    self.assertEqual(_table().entry_cost(2), 1.6)
+    again = CostTable.from_json(table.to_json())
+    self.assertEqual(again, table)
+    self.assertEqual(list(again.loop), [0, 2])
+    self.assertEqual(json.loads(table.to_json())["loop"], {"0": 1.05, "2": 1.9})
+    old = {k: v for k, v in _table().to_dict().items() if k != "loop"}
+    self.assertEqual(CostTable.from_dict(old).loop, {})
+    for loop, message in (({-1: 1.0}, r"^loop key = -1 must be an int >= 0$"),
+                          ({0: 0.0}, r"^loop\[0\] = 0.0 must be finite and > 0$")):
+      with self.assertRaisesRegex(ValueError, message):
+        _table(loop=loop)
+
   def test_sampling_round_trip(self):
     """The sampling a table was timed at travels with it; a table saved before the field (no
     ``sampling`` key) was timed greedy."""

@@ -11,7 +11,14 @@ import pathlib
 import re
 import tempfile
 
+from unittest import mock
+
 from absl.testing import absltest, parameterized
+
+try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
+  from tests.test_adaptive_calibration import SECONDS, fake_clock
+except ImportError:  # pragma: no cover
+  from test_adaptive_calibration import SECONDS, fake_clock
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -25,18 +32,22 @@ def _tiny(arg: str):
 
 class AdaptiveRunTest(absltest.TestCase):
   """One greedy run: autoregressive, a chain at gamma 2 and adaptive (all three rules, menu
-  0..2) on the tiny random target and draft."""
+  0..2) on the tiny random target and draft, the cost rule's table calibrated by its own loop
+  under a clock by hand (``tests.test_adaptive_calibration.fake_clock``)."""
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
     from experiments import run
+    from specjax.decoding import adaptive_calibration
     cls.tmp = tempfile.TemporaryDirectory()
     config = _tiny("methods=autoregressive/speculative/adaptive,gammas=2,adaptive_choices=0/1/2,"
                    "temperature=0,repeats=1,n=8,batch=2,num_prompts=2,plots=false,"
                    "progress=false")
     config.output_dir = cls.tmp.name
-    cls.results = run.run_experiment(config)
+    config.adaptive_calibration = 1
+    with mock.patch.object(adaptive_calibration, "time_call", fake_clock):
+      cls.results = run.run_experiment(config)
     cls.saved = json.loads(pathlib.Path(cls.tmp.name, "results.json").read_text())
     cls.md = pathlib.Path(cls.tmp.name, "report.md").read_text()
 
@@ -56,15 +67,24 @@ class AdaptiveRunTest(absltest.TestCase):
     table = self.saved["cost"]["table"]  # the chain pair's measurement, every width the menu needs
     self.assertEqual(sorted(table["iteration"]), ["1", "2"])
     self.assertTrue({"1", "2", "3"} <= set(table["verify"]))
+    # the cost rule's: the run's table priced by its loop (SECONDS a held entry's iteration)
+    unit = table["target_step_ms"] / 1e3
+    self.assertEqual(saved[0]["cost_table"], dict(table, loop={
+        str(k): saved[0]["cost_table"]["loop"][str(k)] for k in (0, 1, 2)}))
+    for k, s in zip((0, 1, 2), SECONDS):
+      self.assertAlmostEqual(saved[0]["cost_table"]["loop"][str(k)], s / unit, places=6)
+    self.assertGreater(saved[0]["calibration_s"], 0)
     for e in saved:
       self.assertEqual(e["gamma"], 2)  # the largest choice
       self.assertEqual(e["base"], "speculative")
       self.assertLen(e["choice_counts"], len(e["choices"]))
       self.assertEqual(sum(e["choice_counts"]), e["iterations"])
-      self.assertEqual(e["cost_table"], table)
+      if e["rule"] != "cost":
+        self.assertEqual(e["cost_table"], table)
+        self.assertNotIn("calibration_s", e)
       self.assertEqual(e["greedy_match"], 1.0)
       model = costs.CostTable.from_dict(e["cost_table"])
-      cost = sum(n * model.chain_cost(k) for k, n in zip(e["choices"], e["choice_counts"]))
+      cost = sum(n * model.entry_cost(k) for k, n in zip(e["choices"], e["choice_counts"]))
       self.assertAlmostEqual(e["modelled_speedup"],
                              e["new_tokens_per_row"] / (cost / e["calls"]), places=6)
       self.assertAlmostEqual(e["speedup"], e["measured_over_modelled"] * e["modelled_speedup"],
@@ -93,7 +113,10 @@ class AdaptiveRunTest(absltest.TestCase):
     self.assertIn(f"- adaptive cost (speculative 0..2) T=0: {shares} ({e['iterations']} "
                   f"iterations; prior from the warm-up "
                   f"{' '.join(f'{p:.2f}' for p in e['prior'])} over "
-                  f"{' '.join(f'{n:.0f}' for n in e['prior_evidence'])} observations)", self.md)
+                  f"{' '.join(f'{n:.0f}' for n in e['prior_evidence'])} observations; "
+                  f"priced by its loop ("
+                  f"{' '.join(f'{k}: {v:.2f}' for k, v in e['cost_table']['loop'].items())} "
+                  f"target steps, {e['calibration_s']:.0f} s))", self.md)
     self.assertGreater(e["prior_evidence"][0], 0)  # the warm-up's observations, carried
     self.assertIn("speculative == autoregressive: yes, token for token",
                   report.format_samples(self.results))

@@ -32,7 +32,8 @@ class Adaptive:
   pass shape; ``specjax.proposers.adaptive``).
 
   ``rule``: ``"cost"`` (default) picks the entry with the most modelled tokens per unit of
-  ``costs`` (an ``sj.CostTable`` measured on the device, batch and context the run uses), from
+  ``costs`` (an ``sj.CostTable`` measured on the device, batch and context the run uses;
+  ``calibrated`` prices each entry by this loop's own iteration), from
   per-row running estimates of the acceptance at each position (a running mean with ``prior`` as
   two observations, then an EMA of weight ``decay``; drift at rate ``forget`` for positions past
   the chosen entry's drafts, back to ``prior`` or, with ``drift="first"``, to the row's own
@@ -139,6 +140,20 @@ class Adaptive:
     return dataclasses.replace(self, prior=values,
                                prior_evidence=tuple(float(x) for x in evidence))
 
+  def calibrated(self, target: Transformer, prompts, *, sampling, max_new_tokens: int,
+                 key=None, repeats: int = 3, **generate_kwargs) -> "Adaptive":
+    """This method priced by its own loop: ``costs`` with each menu entry's iteration timed in
+    this method's compiled loop held at that entry (``CostTable.loop``), on ``prompts`` at
+    ``sampling`` and ``max_new_tokens`` as the run will use them (``generate_kwargs``: the rest
+    of ``sj.generate``'s but ``eos_token_id``; a run without EOS then reuses the compiled loop,
+    the costs being traced). The bare passes leave out the loop's own work, which weighs on the
+    entries unequally (``specjax.decoding.adaptive_calibration``). Lossless like any table: the
+    timing depends on no token of the run."""
+    from specjax.decoding import adaptive_calibration
+    return dataclasses.replace(self, costs=adaptive_calibration.calibrate(
+        self, target, prompts, sampling=sampling, max_new_tokens=max_new_tokens, key=key,
+        repeats=repeats, **generate_kwargs))
+
   def at(self, gamma: int):
     """The wrapped method with ``gamma`` drafts per iteration (a tree method: ``gamma`` deep)."""
     if type(self.method) not in ADAPTIVE_LENGTH:
@@ -160,15 +175,15 @@ class Adaptive:
       built = [build(k) for k in self.choices if k > 0]
       shadow = None if hasattr(built[-1][0], "sync") else build(1)[0]
     proposers = (None,) * (self.choices[0] == 0) + tuple(p for p, _ in built)
+    costs = menu_costs(self.costs, self.choices, self.rule, self.tree_nodes, self.draft_widths)
     return AdaptiveProposer(
         proposers=proposers, choices=self.choices, rule=self.rule,
-        costs=menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
-                         self.draft_widths),
         decay=float(self.decay), forget=float(self.forget),
         threshold=float(self.threshold), vocab_size=target.config.vocab_size,
         margin=float(self.margin), shadow=shadow, drift=self.drift), AdaptiveParams(
             inner=built[-1][1], prior=jnp.asarray(self.prior, jnp.float32),
-            evidence=jnp.asarray(self.prior_evidence, jnp.float32))
+            evidence=jnp.asarray(self.prior_evidence, jnp.float32),
+            costs=jnp.asarray(costs, jnp.float32).reshape(len(costs)))
 
 
 def check_menu(choices, rule: str) -> tuple[int, ...]:

@@ -19,8 +19,9 @@ Rules (``RULES``):
   row the most tokens per unit of cost, ``E_b(k) / cost(k)``), with row b's tokens an iteration
   ``E_b(k) = 1 + sum_{i<k} prod_{j<=i} a_bj`` (Leviathan et al. 2023, arXiv 2211.17192, Eq. 1
   with a per-position acceptance) and their variance (``menu_moments``), and ``cost(k)`` from
-  a measured ``sj.CostTable`` (``chain_cost``: k draft steps and a pass over k + 1 tokens, in
-  target steps). In a batch, ragged acceptance makes early rows idle while the slowest
+  a measured ``sj.CostTable`` (``entry_cost``, in target steps: the loop's own iteration when
+  calibrated, else k draft steps and a pass over k + 1 tokens; traced, ``AdaptiveParams``).
+  In a batch, ragged acceptance makes early rows idle while the slowest
   finishes: one draft at acceptance 0.3 gives a row 1.3 tokens an iteration, four rows of 64
   tokens 1.24 (measured: rows busy in 0.91-0.96 of iterations at batch 4-8, SmolLM2). The rows'
   estimates are first pulled toward the batch's mean by as much as their own noise explains
@@ -126,27 +127,27 @@ class AdaptiveState:
 
 @flax.struct.dataclass
 class AdaptiveParams:
-  """The traced inputs of an ``AdaptiveProposer`` (the wrapped proposer's own, the prior and its
-  weight): a call warmed by an earlier one's estimates (``sj.Adaptive.warmed``) reuses the loop."""
+  """The traced inputs of an ``AdaptiveProposer`` (the wrapped proposer's own, the prior, its
+  weight, the entries' costs): a call warmed by an earlier one's estimates
+  (``sj.Adaptive.warmed``) or priced by a calibrated table reuses the loop."""
 
   inner: Any  # the wrapped proposer's params (a draft's weights; None for most draft-free ones)
   prior: jax.Array  # float32[G] each position's starting estimate and drift target
   evidence: jax.Array  # float32[G] observations the prior counts as, beyond PRIOR_WEIGHT
+  costs: jax.Array  # float32[K] entry k's iteration in target steps (rule "cost"; [0] else)
 
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveProposer:
   """The proposer of ``sj.Adaptive``. ``proposers[i]`` drafts ``choices[i]`` tokens (a tree
   method: a tree ``choices[i]`` deep; None for 0); ``shadow`` is the 1-deep proposer whose
-  guesses a plain-decoding iteration scores (None
-  when the inner proposer has a draft model, which is then skipped: ``syncs``). ``costs[i]``:
-  the cost of entry i's iteration in target steps (rule "cost"). Compared and hashed (the
-  compiled loop's key, every call) by ``key``: the entries with the model graph they share
-  with the largest left out, so that one graph is hashed, not one per entry."""
+  guesses a plain-decoding iteration scores (None when the inner proposer has a draft model,
+  which is then skipped: ``syncs``). Compared and hashed (the compiled loop's key, every call)
+  by ``key``: the entries with the model graph they share with the largest left out, so that
+  one graph is hashed, not one per entry."""
 
   proposers: tuple = dataclasses.field(compare=False)
   choices: tuple[int, ...]
-  costs: tuple[float, ...]
   rule: str
   decay: float
   forget: float
@@ -246,8 +247,8 @@ class AdaptiveProposer:
       # After a plain iteration plain holds (known statically: the rule is not computed, small
       # kernels that XLA:CPU would run in every plain iteration).
       holds = self.between_iterations and after == 0
-      best = jnp.int32(0) if holds else self.best(state.acceptance, state.seen, active,
-                                                  state.last, remaining)
+      best = jnp.int32(0) if holds else self.best(params.costs, state.acceptance, state.seen,
+                                                  active, state.last, remaining)
       if not self.between_iterations:
         return best, state.replace(last=best)
       plain = state.last == 0
@@ -279,27 +280,27 @@ class AdaptiveProposer:
     stays plain puts the next one twice as far off, up to ``LOOK_BACKOFF`` spans, and
     speculating brings the first span back."""
     state = self.look(params, state, pending, sampling, active)
-    best = self.best(state.acceptance, state.seen, active, state.last, remaining)
+    best = self.best(params.costs, state.acceptance, state.seen, active, state.last, remaining)
     backed_off = jnp.minimum(2 * state.look_every, LOOK_BACKOFF * self.look_span)
     return best, state.replace(last=best, look_every=jnp.where(best > 0, self.look_span,
                                                                backed_off))
 
-  def best(self, acceptance: jax.Array, seen: jax.Array, active: jax.Array, last: jax.Array,
-           remaining: jax.Array) -> jax.Array:
+  def best(self, costs: jax.Array, acceptance: jax.Array, seen: jax.Array, active: jax.Array,
+           last: jax.Array, remaining: jax.Array) -> jax.Array:
     """int32[]: the entry that decodes the active rows' ``remaining`` tokens (int32[B]) in the
-    least modelled time, ``cost(k) x batch_iterations`` at entry k's tokens an iteration
-    (rule "cost"; ties: the shorter entry): for one row, the most tokens per unit of cost;
-    for a batch, the rows' ragged progress priced in (a batch waits for its slowest row, so a
-    row that finishes early idles). Unless it beats the ``last`` entry by no more than the
-    factor ``1 + margin`` (hysteresis: estimates near a break-even do not flip the choice at
-    every iteration; each switch has costs the model leaves out). The rows' estimates are first
+    least modelled time, ``costs[k] x batch_iterations`` at entry k's tokens an iteration
+    (rule "cost"; ties: the shorter entry): for one row, the most tokens per unit of cost; for
+    a batch, the rows' ragged progress priced in (a row that finishes early idles). Unless it
+    beats the ``last`` entry by no more than the factor ``1 + margin`` (hysteresis: estimates
+    near a break-even do not flip the choice at every iteration; each switch has costs the
+    model leaves out). The rows' estimates are first
     ``shrink``-ed toward the batch's mean by what the observations behind them (``seen``,
     float32[B, G]) leave as noise."""
     acceptance = shrink(acceptance, seen, active, self.decay)
     left = jnp.where(active, remaining, 0).astype(jnp.float32)
     mean, variance = menu_moments(acceptance, self.choices)  # [B, K]: every entry at once
     iterations = jax.vmap(batch_iterations, (None, 1, 1, None))(left, mean, variance, active)
-    score = jnp.sum(left) / (jnp.asarray(self.costs) * jnp.maximum(iterations, 1e-6))
+    score = jnp.sum(left) / (costs * jnp.maximum(iterations, 1e-6))
     top = jnp.argmax(score).astype(jnp.int32)
     keep = (last >= 0) & (score[top] <= (1.0 + self.margin) * score[jnp.maximum(last, 0)])
     return jnp.where(keep, last, top)
@@ -371,10 +372,8 @@ class AdaptiveProposer:
 
   def sync_inner(self, params, state: AdaptiveState):
     """The inner state caught up with the committed text (a skipped draft model)."""
-    if not self.syncs:
-      return state.inner
-    return self.largest.sync(params.inner, state.inner, state.text.tokens, state.text.lengths,
-                             self.depth)
+    return state.inner if not self.syncs else self.largest.sync(
+        params.inner, state.inner, state.text.tokens, state.text.lengths, self.depth)
 
   def estimates(self, state: AdaptiveState) -> tuple[jax.Array, jax.Array]:
     """float32[G] each: the rows' mean acceptance estimate per position where the call ended,

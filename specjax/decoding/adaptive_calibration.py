@@ -1,0 +1,118 @@
+"""Pricing an ``sj.Adaptive`` menu by its own loop (``sj.Adaptive.calibrated``): each entry's
+iteration timed in the compiled adaptive loop held at that entry.
+
+Why: ``sj.CostTable.measure`` times bare passes and bare speculative iterations; the decoding
+loop does more around them (a draft's rollback and catch-up, the verifier's bookkeeping, the
+rule's estimates, a skipped draft's looks in plain stretches), and that work weighs on the
+entries unequally. On SmolLM2 + its draft at batch 4-8 (XLA:CPU) one draft's loop iteration ran
+~6% dearer, relative to plain decoding, than its bare iteration said (docs/benchmarks.md,
+session 42), and at one draft's modelled break-even the rule then drafted where it lost.
+
+How: the entries' costs are traced (``AdaptiveParams.costs``), so one compiled loop runs the
+menu held at each entry in turn (a table pricing that entry at 1 and the others at ``HOLD``: the
+rule never leaves it) at two lengths, ``max_new_tokens`` and half of it, the entries and lengths
+alternating so that machine noise hits all alike. A call takes ``F + I_k s_k`` seconds: a fixed
+part ``F`` (prefills, setup; the same executable and prompts for every entry) and ``I_k``
+iterations of ``s_k`` seconds; each repeat's calls give ``F`` and every ``s_k`` by least squares
+(``fit_iteration_seconds``), and the table's ``loop[k]`` is the median over repeats of ``s_k``
+in target steps (the table's ``target_step_ms``). No EOS stops a row: every call decodes its
+budget, so the iteration counts differ between the two lengths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import jax
+import numpy as np
+
+from specjax.costs import CostTable, checked_int
+from specjax.decoding.generate import generate
+
+# A held entry's rivals cost this many times more an iteration: above any ratio of modelled
+# tokens an iteration (at most 1 + the largest choice), so the rule never leaves the entry.
+HOLD = 1e3
+
+
+def held_table(table: CostTable, choices: tuple[int, ...], gamma: int) -> CostTable:
+  """``table`` with a ``loop`` that prices ``gamma`` at 1 and every other entry of ``choices``
+  at ``HOLD``: the cost rule run with it chooses ``gamma`` at every iteration."""
+  return dataclasses.replace(table, loop={k: 1.0 if k == gamma else HOLD for k in choices})
+
+
+def fit_iteration_seconds(runs: list[tuple[int, int, float]]) -> tuple[float, dict[int, float]]:
+  """(F, {gamma: s}) from ``runs`` of (gamma, iterations, seconds), by least squares on
+  ``seconds = F + iterations x s_gamma`` with one fixed part ``F`` shared by every call; a
+  one-line ValueError when an entry's calls do not differ in iterations (nothing to tell
+  ``F`` from its ``s`` by)."""
+  gammas = sorted({g for g, _, _ in runs})
+  for g in gammas:
+    if len({i for k, i, _ in runs if k == g}) < 2:
+      raise ValueError(f"the calls held at {g} drafts all ran the same number of iterations: "
+                       f"an iteration's time cannot be told from the fixed part")
+  design = np.zeros((len(runs), 1 + len(gammas)))
+  design[:, 0] = 1.0
+  for row, (g, iterations, _) in enumerate(runs):
+    design[row, 1 + gammas.index(g)] = iterations
+  seconds = np.asarray([t for _, _, t in runs], np.float64)
+  solution = np.linalg.lstsq(design, seconds, rcond=None)[0]
+  return float(solution[0]), {g: float(s) for g, s in zip(gammas, solution[1:])}
+
+
+def time_call(run) -> tuple:
+  """(``run()``'s ``DecodeStats``, the seconds it took to the tokens' readiness)."""
+  start = time.perf_counter()
+  out = run()
+  jax.block_until_ready(out.tokens)
+  return out.stats, time.perf_counter() - start
+
+
+def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
+              key: jax.Array | None = None, repeats: int = 3, **generate_kwargs) -> CostTable:
+  """``method.costs`` (an ``sj.Adaptive`` of rule "cost") with ``loop`` set: each menu entry's
+  iteration in target steps, timed in ``method``'s own loop held at that entry on ``prompts``
+  (the run's batch) at ``sampling``, ``max_new_tokens`` and half of it, ``repeats`` times
+  (module docstring). ``generate_kwargs``: the rest of ``sj.generate``'s (``prompt_width``,
+  ``mesh``, ...) as the run passes them, so that a run without EOS reuses the compiled loop;
+  no ``eos_token_id``."""
+  if method.rule != "cost" or not isinstance(method.costs, CostTable):
+    raise ValueError(f"calibration prices rule 'cost' by its sj.CostTable; got rule "
+                     f"{method.rule!r}, costs {type(method.costs).__name__}")
+  if "eos_token_id" in generate_kwargs:
+    raise ValueError("calibration decodes every row's whole budget: no eos_token_id")
+  longest = checked_int("max_new_tokens", max_new_tokens, 4)
+  repeats = checked_int("repeats", repeats, 1)
+  key = jax.random.key(0) if key is None else key
+  lengths = (longest, longest // 2)
+  held = {k: dataclasses.replace(method, costs=held_table(method.costs, method.choices, k))
+          for k in method.choices}
+
+  def call(k, length):
+    return lambda: generate(target, prompts, held[k], sampling, max_new_tokens=length, key=key,
+                            **generate_kwargs)
+
+  for length in lengths:  # compile both loops (the costs are traced: one loop per length)
+    jax.block_until_ready(call(method.choices[0], length)().tokens)
+  seconds: dict[int, list[float]] = {k: [] for k in method.choices}
+  for r in range(repeats):
+    runs = []
+    order = method.choices[r % len(method.choices):] + method.choices[:r % len(method.choices)]
+    for k in order:
+      for length in lengths if r % 2 == 0 else lengths[::-1]:
+        stats, elapsed = time_call(call(k, length))
+        counts = np.asarray(stats.choice_counts)
+        if counts.sum() != counts[method.choices.index(k)]:
+          raise RuntimeError(f"the rule left the entry it was held at ({k} drafts): "
+                             f"choices {counts.tolist()}")
+        runs.append((k, int(counts.sum()), elapsed))
+    for k, s in fit_iteration_seconds(runs)[1].items():
+      seconds[k].append(s)
+  unit = method.costs.target_step_ms / 1e3
+  loop = {k: statistics.median(v) / unit for k, v in seconds.items()}
+  bad = {k: v for k, v in loop.items() if not v > 0}
+  if bad:
+    raise RuntimeError(f"calibration timed no positive iteration cost at {bad} (a machine "
+                       f"too noisy for these lengths? more max_new_tokens or repeats)")
+  return dataclasses.replace(method.costs, loop=loop)
