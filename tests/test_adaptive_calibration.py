@@ -1,12 +1,15 @@
 """``sj.Adaptive.calibrated``: a cost rule's menu priced by its own loop
 (``specjax.decoding.adaptive_calibration``).
 
-1. The fit: a fixed part shared by every call and one iteration time per entry, recovered
-   exactly from calls of two lengths; one length per entry has nothing to tell them apart by.
+1. The fit: a fixed part shared by every call and an iteration of entry k at ``b c_k + o_k``
+   (``c_k`` the bare table's price; ``o`` one value for plain decoding, one for drafting),
+   recovered exactly from calls of two lengths, also where a call is off the model (least
+   squares); one length per entry has nothing to tell the fixed part by.
 2. Held: a table pricing one entry at 1 and the rest at ``HOLD`` keeps the rule there at every
    iteration (every entry of the menu, plain decoding included), still greedy-exact.
 3. Calibrated: with a clock that charges ``F + iterations x s_k`` a call (the loop's own
-   iteration counts), the table's ``loop`` is each ``s_k`` in target steps; the costs are traced,
+   iteration counts; ``s_k`` of that form), the table's ``loop`` is each ``s_k`` in target
+   steps; the costs are traced,
    so the calibrated method runs the loop the calibration compiled, and it stays greedy-exact.
 4. Errors, one line each.
 """
@@ -29,8 +32,10 @@ except ImportError:  # pragma: no cover
   from test_speculative import GREEDY_PROMPTS, TF_CONFIG, greedy_reference
 
 NEW = 12
-SECONDS = (1e-3, 1.5e-3, 2.25e-3, 2.5e-3)  # the fake clock's iteration, by menu index
-FIXED = 0.04  # and its fixed part a call
+# The fake clock's iteration by menu index, 1.1 x table()'s bare price (1.0, 1.4, 1.8, 2.2
+# target steps of 1 ms) plus 0.05 ms for plain decoding, 0.2 ms for drafting; a call's fixed part
+SECONDS = (1.15e-3, 1.74e-3, 2.18e-3, 2.62e-3)
+FIXED = 0.04
 
 
 def fake_clock(run):
@@ -47,16 +52,34 @@ run_call = adaptive_calibration.time_call
 class FitTest(absltest.TestCase):
 
   def test_recovers_the_fixed_part_and_each_iteration(self):
-    runs = [(k, n, 0.3 + n * s) for k, s in ((0, 0.01), (2, 0.025)) for n in (64, 32, 30)]
-    fixed, seconds = adaptive_calibration.fit_iteration_seconds(runs)
+    fit = adaptive_calibration.fit_loop_seconds
+    bare = {0: 1.0, 1: 1.3, 2: 1.5, 4: 2.1}
+    model = {k: 0.02 * c + (0.001 if k == 0 else 0.004) for k, c in bare.items()}
+    runs = [(k, n // (1 + k), 0.3 + n // (1 + k) * model[k]) for k in bare for n in (64, 32)]
+    fixed, seconds = fit(runs, bare)
     self.assertAlmostEqual(fixed, 0.3, places=9)
-    self.assertEqual(sorted(seconds), [0, 2])
-    self.assertAlmostEqual(seconds[0], 0.01, places=9)
-    self.assertAlmostEqual(seconds[2], 0.025, places=9)
+    self.assertEqual(sorted(seconds), sorted(bare))
+    for k, s in model.items():
+      self.assertAlmostEqual(seconds[k], s, places=9, msg=f"entry {k}")
+    # One call 10% slow, each in turn: the shared parameters spread it over every entry, where
+    # an entry's own two calls (with plain decoding's: a menu of two) take it whole; over the
+    # cases the pooled fit's mean squared error is less than half the entries' own fits'.
+    pooled, alone = [], []
+    for call in runs:
+      slow = [(k, n, t * (1.1 if (k, n) == call[:2] else 1.0)) for k, n, t in runs]
+      fitted = fit(slow, bare)[1]
+      for k in (1, 2, 4):
+        pooled.append(fitted[k] / model[k] - 1)
+        alone.append(fit([r for r in slow if r[0] in (0, k)], bare)[1][k] / model[k] - 1)
+    self.assertLess(np.mean(np.square(pooled)), 0.5 * np.mean(np.square(alone)))
+    # three entries: each its own iteration time, off the model or not
+    free = {0: 0.01, 1: 0.03, 2: 0.025}
+    runs = [(k, n, 0.3 + n * s) for k, s in free.items() for n in (64, 30)]
+    for k, s in fit(runs, bare)[1].items():
+      self.assertAlmostEqual(s, free[k], places=9, msg=f"entry {k}")
     with self.assertRaisesRegex(ValueError, r"^the calls held at 2 drafts all ran the same "
                                 r"number of iterations"):
-      adaptive_calibration.fit_iteration_seconds([(0, 64, 1.0), (0, 32, 0.6), (2, 20, 0.9),
-                                                  (2, 20, 0.8)])
+      fit([(0, 64, 1.0), (0, 32, 0.6), (2, 20, 0.9), (2, 20, 0.8)], bare)
 
 
 class CalibratedTest(absltest.TestCase):

@@ -13,10 +13,16 @@ menu held at each entry in turn (a table pricing that entry at 1 and the others 
 rule never leaves it) at two lengths, ``max_new_tokens`` and half of it, the entries and lengths
 alternating so that machine noise hits all alike. A call takes ``F + I_k s_k`` seconds: a fixed
 part ``F`` (prefills, setup; the same executable and prompts for every entry) and ``I_k``
-iterations of ``s_k`` seconds; each repeat's calls give ``F`` and every ``s_k`` by least squares
-(``fit_iteration_seconds``), and the table's ``loop[k]`` is the median over repeats of ``s_k``
-in target steps (the table's ``target_step_ms``). No EOS stops a row: every call decodes its
-budget, so the iteration counts differ between the two lengths.
+iterations of ``s_k`` seconds, where ``s_k = b c_k + o_k``: the bare table's price ``c_k`` of
+the entry (``entry_cost`` without the loop) scaled by ``b``, plus the loop's own work an
+iteration, ``o_0`` for plain decoding and one ``o`` for every drafting entry (rollback,
+bookkeeping, the rule). Timed one by one, the entries' iterations scattered 10-20% on a shared
+2-core box (a call's time varies 5-8% there); the three shared parameters pool every call.
+Each repeat's calls give ``F``, ``b`` and the ``o`` by least squares (``fit_loop_seconds``; a
+menu of three entries or fewer leaves each entry its own ``s_k``), and
+the table's ``loop[k]`` is the median over repeats of ``s_k`` in target steps (the table's
+``target_step_ms``). No EOS stops a row: every call decodes its budget, so the iteration counts
+differ between the two lengths.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import jax
 import numpy as np
 
 from specjax.costs import CostTable, checked_int
+from specjax.decoding.adaptive_method import menu_costs
 from specjax.decoding.generate import generate
 
 # A held entry's rivals cost this many times more an iteration: above any ratio of modelled
@@ -42,23 +49,24 @@ def held_table(table: CostTable, choices: tuple[int, ...], gamma: int) -> CostTa
   return dataclasses.replace(table, loop={k: 1.0 if k == gamma else HOLD for k in choices})
 
 
-def fit_iteration_seconds(runs: list[tuple[int, int, float]]) -> tuple[float, dict[int, float]]:
+def fit_loop_seconds(runs: list[tuple[int, int, float]],
+                     bare: dict[int, float]) -> tuple[float, dict[int, float]]:
   """(F, {gamma: s}) from ``runs`` of (gamma, iterations, seconds), by least squares on
-  ``seconds = F + iterations x s_gamma`` with one fixed part ``F`` shared by every call; a
-  one-line ValueError when an entry's calls do not differ in iterations (nothing to tell
-  ``F`` from its ``s`` by)."""
+  ``seconds = F + iterations x (b bare[gamma] + o_gamma)``, one fixed part ``F`` shared by every
+  call, ``o_gamma`` one value for plain decoding (``gamma`` 0) and one for every drafting entry
+  (module docstring); ``s`` is each entry's fitted ``b bare[gamma] + o_gamma``. A one-line
+  ValueError when an entry's calls do not differ in iterations (nothing to tell ``F`` from its
+  iterations by)."""
   gammas = sorted({g for g, _, _ in runs})
   for g in gammas:
     if len({i for k, i, _ in runs if k == g}) < 2:
       raise ValueError(f"the calls held at {g} drafts all ran the same number of iterations: "
                        f"an iteration's time cannot be told from the fixed part")
-  design = np.zeros((len(runs), 1 + len(gammas)))
-  design[:, 0] = 1.0
-  for row, (g, iterations, _) in enumerate(runs):
-    design[row, 1 + gammas.index(g)] = iterations
+  per_iteration = np.asarray([[bare[g], g == 0, g > 0] for g in gammas], np.float64)
+  design = np.asarray([[1.0, *(n * per_iteration[gammas.index(g)])] for g, n, _ in runs])
   seconds = np.asarray([t for _, _, t in runs], np.float64)
   solution = np.linalg.lstsq(design, seconds, rcond=None)[0]
-  return float(solution[0]), {g: float(s) for g, s in zip(gammas, solution[1:])}
+  return float(solution[0]), {g: float(s) for g, s in zip(gammas, per_iteration @ solution[1:])}
 
 
 def time_call(run) -> tuple:
@@ -88,6 +96,9 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
   lengths = (longest, longest // 2)
   held = {k: dataclasses.replace(method, costs=held_table(method.costs, method.choices, k))
           for k in method.choices}
+  bare = dict(zip(method.choices, menu_costs(dataclasses.replace(method.costs, loop={}),
+                                             method.choices, "cost", method.tree_nodes,
+                                             method.draft_widths)))
 
   def call(k, length):
     return lambda: generate(target, prompts, held[k], sampling, max_new_tokens=length, key=key,
@@ -107,7 +118,7 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
           raise RuntimeError(f"the rule left the entry it was held at ({k} drafts): "
                              f"choices {counts.tolist()}")
         runs.append((k, int(counts.sum()), elapsed))
-    for k, s in fit_iteration_seconds(runs)[1].items():
+    for k, s in fit_loop_seconds(runs, bare)[1].items():
       seconds[k].append(s)
   unit = method.costs.target_step_ms / 1e3
   loop = {k: statistics.median(v) / unit for k, v in seconds.items()}
