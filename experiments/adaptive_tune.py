@@ -22,9 +22,9 @@ fixed gamma: ``entry_cost(gamma)`` per iteration; the adaptive rule: ``sum_k cou
 entry_cost(k)`` over its choice histogram), relative to autoregressive decoding's (its tokens
 per ``entry_cost(0)``: the rows still decoding); a skipped draft's catch-up passes are left out
 of it unless the table was calibrated (``--costs_in`` of a runner's calibrated table: every
-entry at its loop's own iteration, ``sj.Adaptive.calibrated``). Wall clock of one timed call per setting is printed beside it (the setting's time over
-autoregressive decoding's: noisy on a shared CPU; the runner's ``configs/adaptive.py`` times
-them with repeats).
+entry at its loop's own iteration, ``sj.Adaptive.calibrated``). Wall clock of one timed call
+per setting is printed beside it (the setting's time over autoregressive decoding's: noisy on a
+shared CPU; the runner's ``configs/adaptive.py`` times them with repeats).
 """
 
 from __future__ import annotations

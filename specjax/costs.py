@@ -168,6 +168,15 @@ class CostTable:
     drafting = sum(self.draft_pass_cost(checked_int("draft width", w, 1)) for w in draft_widths)
     return drafting + self.pass_cost(checked_int("tree_nodes", tree_nodes, 1) + 1)
 
+  def entry_costs(self, choices, tree_nodes=None, draft_widths=None) -> tuple[float, ...]:
+    """``entry_cost`` of every entry of an ``sj.Adaptive`` menu (``choices[i]`` drafts; with
+    ``tree_nodes``, a tree of ``tree_nodes[i]`` nodes drafted in passes over
+    ``draft_widths[i]`` tokens): what the cost rule prices each entry at."""
+    nodes = [None] * len(choices) if tree_nodes is None else list(tree_nodes)
+    widths = [()] * len(choices) if draft_widths is None else list(draft_widths)
+    return tuple(float(self.entry_cost(int(k), m, tuple(w)))
+                 for k, m, w in zip(choices, nodes, widths))
+
   def menu_cost(self, choices, counts, tree_nodes=None, draft_widths=None) -> float:
     """What iterations cost in target steps when ``counts[i]`` of them ran menu entry i
     (``choices[i]`` drafts; with ``tree_nodes``, a tree of ``tree_nodes[i]`` nodes drafted in

@@ -439,7 +439,8 @@ class ChoiceTest(absltest.TestCase):
       self.assertEqual(int(after.plain_run), 0 if run >= every else run)
     free, priced = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=FLAT,
                                decay=0.2).proposer(target)
-    index, after = choose(free, params.replace(costs=priced.costs), start.replace(plain_run=jnp.int32(cap)),
+    index, after = choose(free, params.replace(costs=priced.costs),
+                          start.replace(plain_run=jnp.int32(cap)),
                           jnp.asarray(pending), keys, S(0.0), active,
                           jnp.full((3,), 64, jnp.int32))
     self.assertEqual((int(index), int(after.look_every)), (3, span))
@@ -620,7 +621,8 @@ class ChoiceTest(absltest.TestCase):
                                (0.1, -1, 1), (1.0, 3, 3)):
       proposer, params = sj.Adaptive(inner["speculative"], choices=MENU, costs=table(),
                                      margin=margin).proposer(target)
-      got = proposer.best(params.costs, a, jnp.zeros_like(a), on, jnp.int32(last), jnp.asarray([64]))
+      got = proposer.best(params.costs, a, jnp.zeros_like(a), on, jnp.int32(last),
+                          jnp.asarray([64]))
       self.assertEqual(int(got), want, msg=f"margin {margin}, last {last}")
 
   def test_schedule_moves_plus_two_minus_one(self):

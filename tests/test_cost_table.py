@@ -138,6 +138,8 @@ class CostTableTest(absltest.TestCase):
     self.assertEqual(table.entry_cost(0), 1.05)
     self.assertEqual(table.entry_cost(2), 1.9)  # not iteration[2] = 1.6
     self.assertEqual(table.menu_cost((0, 2), (10, 5)), 10 * 1.05 + 5 * 1.9)
+    self.assertEqual(table.entry_costs((0, 2)), (1.05, 1.9))  # what the cost rule prices by
+    self.assertEqual(_table().entry_costs((0, 2)), (1.0, 1.6))
     with self.assertRaisesRegex(ValueError, r"no calibrated loop iteration at 1 drafts "
                                 r"\(calibrated: \[0, 2\]\)"):
       table.entry_cost(1)

@@ -35,7 +35,6 @@ import jax
 import numpy as np
 
 from specjax.costs import CostTable, checked_int
-from specjax.decoding.adaptive_method import menu_costs
 from specjax.decoding.generate import generate
 
 # A held entry's rivals cost this many times more an iteration: above any ratio of modelled
@@ -96,9 +95,8 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
   lengths = (longest, longest // 2)
   held = {k: dataclasses.replace(method, costs=held_table(method.costs, method.choices, k))
           for k in method.choices}
-  bare = dict(zip(method.choices, menu_costs(dataclasses.replace(method.costs, loop={}),
-                                             method.choices, "cost", method.tree_nodes,
-                                             method.draft_widths)))
+  bare = dict(zip(method.choices, dataclasses.replace(method.costs, loop={}).entry_costs(
+      method.choices, method.tree_nodes, method.draft_widths)))
 
   def call(k, length):
     return lambda: generate(target, prompts, held[k], sampling, max_new_tokens=length, key=key,

@@ -241,9 +241,7 @@ def menu_costs(costs, choices: tuple[int, ...], rule: str,
   own)."""
   if rule != "cost":
     return ()
-  if not callable(getattr(costs, "entry_cost", None)):
+  if not callable(getattr(costs, "entry_costs", None)):
     raise ValueError(f"rule 'cost' needs costs=sj.CostTable measured for this run "
                      f"(sj.CostTable.measure), got {costs!r}")
-  nodes = (None,) * len(choices) if tree_nodes is None else tree_nodes
-  widths = ((),) * len(choices) if draft_widths is None else draft_widths
-  return tuple(float(costs.entry_cost(k, m, w)) for k, m, w in zip(choices, nodes, widths))
+  return costs.entry_costs(choices, tree_nodes, draft_widths)
