@@ -57,6 +57,14 @@ def _costs_by_int(name: str, table: Any, minimum: int = 1) -> dict[int, float]:
   return dict(sorted(checked.items()))
 
 
+def _menu(choices, tree_nodes=None, draft_widths=None) -> list[tuple]:
+  """``entry_cost``'s arguments for each entry of an ``sj.Adaptive`` menu: (drafts, the tree's
+  nodes or None for a chain, the draft passes' widths)."""
+  nodes = [None] * len(choices) if tree_nodes is None else list(tree_nodes)
+  widths = [()] * len(choices) if draft_widths is None else list(draft_widths)
+  return [(int(k), m, tuple(w)) for k, m, w in zip(choices, nodes, widths)]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CostTable:
   """The measured cost model on one device at one batch and context, every cost in target
@@ -172,10 +180,7 @@ class CostTable:
     """``entry_cost`` of every entry of an ``sj.Adaptive`` menu (``choices[i]`` drafts; with
     ``tree_nodes``, a tree of ``tree_nodes[i]`` nodes drafted in passes over
     ``draft_widths[i]`` tokens): what the cost rule prices each entry at."""
-    nodes = [None] * len(choices) if tree_nodes is None else list(tree_nodes)
-    widths = [()] * len(choices) if draft_widths is None else list(draft_widths)
-    return tuple(float(self.entry_cost(int(k), m, tuple(w)))
-                 for k, m, w in zip(choices, nodes, widths))
+    return tuple(float(self.entry_cost(*e)) for e in _menu(choices, tree_nodes, draft_widths))
 
   def menu_cost(self, choices, counts, tree_nodes=None, draft_widths=None) -> float:
     """What iterations cost in target steps when ``counts[i]`` of them ran menu entry i
@@ -183,10 +188,8 @@ class CostTable:
     passes over ``draft_widths[i]`` tokens) (an ``sj.Adaptive`` run's
     ``DecodeStats.choice_counts``): ``sum_i counts_i entry_cost(i)``; an entry never chosen
     needs no pass in the table."""
-    nodes = [None] * len(choices) if tree_nodes is None else list(tree_nodes)
-    widths = [()] * len(choices) if draft_widths is None else list(draft_widths)
-    return sum(int(n) * self.entry_cost(int(k), m, tuple(w))
-               for k, n, m, w in zip(choices, counts, nodes, widths) if n)
+    return sum(int(n) * self.entry_cost(*e)
+               for e, n in zip(_menu(choices, tree_nodes, draft_widths), counts) if n)
 
   def to_dict(self) -> dict:
     """A JSON-able dict (int keys as strings), tagged with the format."""

@@ -183,7 +183,7 @@ class Adaptive:
         margin=float(self.margin), shadow=shadow, drift=self.drift), AdaptiveParams(
             inner=built[-1][1], prior=jnp.asarray(self.prior, jnp.float32),
             evidence=jnp.asarray(self.prior_evidence, jnp.float32),
-            costs=jnp.asarray(costs, jnp.float32).reshape(len(costs)))
+            costs=jnp.asarray(costs, jnp.float32))
 
 
 def check_menu(choices, rule: str) -> tuple[int, ...]:
