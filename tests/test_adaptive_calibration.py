@@ -8,14 +8,16 @@
 2. Held: a table pricing one entry at 1 and the rest at ``HOLD`` keeps the rule there at every
    iteration (every entry of the menu, plain decoding included), still greedy-exact.
 3. Calibrated: with a clock that charges ``F + iterations x s_k`` a call (the loop's own
-   iteration counts; ``s_k`` of that form), the table's ``loop`` is each ``s_k`` in target
-   steps; the costs are traced,
+   iteration counts; ``s_k`` of that form), slowed 10-50% in all repeats of a call but one (a
+   busy neighbour: the fastest of a call's times is kept), the table's ``loop`` is each ``s_k``
+   in target steps; the costs are traced,
    so the calibrated method runs the loop the calibration compiled, and it stays greedy-exact.
 4. Errors, one line each.
 """
 
 from __future__ import annotations
 
+import collections
 from unittest import mock
 
 import numpy as np
@@ -44,6 +46,21 @@ def fake_clock(run):
   stats, _ = run_call(run)
   counts = np.asarray(stats.choice_counts)
   return stats, FIXED + counts.sum() * SECONDS[int(np.argmax(counts))]
+
+
+def interfered_clock(repeats: int):
+  """``fake_clock`` beside a busy neighbour: each call (an entry at a length) slowed by 10-50%
+  in every repeat but one of ``repeats`` (which one differs between calls); interference only
+  ever slows a call."""
+  made = collections.Counter()
+
+  def clock(run):
+    stats, seconds = fake_clock(run)
+    counts = np.asarray(stats.choice_counts)
+    call = (int(np.argmax(counts)), int(counts.sum()))
+    clean, made[call] = made[call] == sum(call) % repeats, made[call] + 1
+    return stats, seconds * (1.0 if clean else 1.1 + 0.1 * ((made[call] + call[0]) % 5))
+  return clock
 
 
 run_call = adaptive_calibration.time_call
@@ -101,9 +118,9 @@ class CalibratedTest(absltest.TestCase):
     target, inner = methods()
     menu = sj.Adaptive(inner["speculative"], choices=MENU, costs=table(), prior=0.6)
     compiled = loop.decode_jit._cache_size()
-    with mock.patch.object(adaptive_calibration, "time_call", fake_clock):
+    with mock.patch.object(adaptive_calibration, "time_call", interfered_clock(3)):
       calibrated = menu.calibrated(target, GREEDY_PROMPTS, sampling=sj.Sampling(0.0),
-                                   max_new_tokens=NEW, repeats=2)
+                                   max_new_tokens=NEW, repeats=3)
     compiled, before = loop.decode_jit._cache_size(), compiled
     self.assertLessEqual(compiled, before + 2)  # one loop a length (not one an entry)
     unit = menu.costs.target_step_ms / 1e3

@@ -18,17 +18,19 @@ the entry (``entry_cost`` without the loop) scaled by ``b``, plus the loop's own
 iteration, ``o_0`` for plain decoding and one ``o`` for every drafting entry (rollback,
 bookkeeping, the rule). Timed one by one, the entries' iterations scattered 10-20% on a shared
 2-core box (a call's time varies 5-8% there); the three shared parameters pool every call.
-Each repeat's calls give ``F``, ``b`` and the ``o`` by least squares (``fit_loop_seconds``; a
-menu of three entries or fewer leaves each entry its own ``s_k``), and
-the table's ``loop[k]`` is the median over repeats of ``s_k`` in target steps (the table's
-``target_step_ms``). No EOS stops a row: every call decodes its budget, so the iteration counts
+Each call (an entry at a length) is timed ``repeats`` times and its fastest time kept: on a
+shared machine interference only ever slows a call (``timeit``'s minimum; on the benchmark pair
+at batch 4 the same call's three times spread up to 60% on the 2-core box, and the repeats'
+fits, each its own noise, had priced one draft at 1.1-2.3x plain decoding where its bare price
+was 1.4-1.7x). The fastest calls give ``F``, ``b`` and the ``o`` by least squares
+(``fit_loop_seconds``; a menu of three entries or fewer leaves each entry its own ``s_k``), and
+the table's ``loop[k]`` is ``s_k`` in target steps (the table's ``target_step_ms``). No EOS stops a row: every call decodes its budget, so the iteration counts
 differ between the two lengths.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 
 import jax
@@ -81,7 +83,7 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
   """``method.costs`` (an ``sj.Adaptive`` of rule "cost") with ``loop`` set: each menu entry's
   iteration in target steps, timed in ``method``'s own loop held at that entry on ``prompts``
   (the run's batch) at ``sampling``, ``max_new_tokens`` and half of it, ``repeats`` times
-  (module docstring). ``generate_kwargs``: the rest of ``sj.generate``'s (``prompt_width``,
+  each, the fastest kept (module docstring). ``generate_kwargs``: the rest of ``sj.generate``'s (``prompt_width``,
   ``mesh``, ...) as the run passes them, so that a run without EOS reuses the compiled loop;
   no ``eos_token_id``."""
   if method.rule != "cost" or not isinstance(method.costs, CostTable):
@@ -104,9 +106,8 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
 
   for length in lengths:  # compile both loops (the costs are traced: one loop per length)
     jax.block_until_ready(call(method.choices[0], length)().tokens)
-  seconds: dict[int, list[float]] = {k: [] for k in method.choices}
+  fastest: dict[tuple[int, int], tuple[float, int]] = {}  # (entry, length): (seconds, iterations)
   for r in range(repeats):
-    runs = []
     order = method.choices[r % len(method.choices):] + method.choices[:r % len(method.choices)]
     for k in order:
       for length in lengths if r % 2 == 0 else lengths[::-1]:
@@ -115,11 +116,11 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
         if counts.sum() != counts[method.choices.index(k)]:
           raise RuntimeError(f"the rule left the entry it was held at ({k} drafts): "
                              f"choices {counts.tolist()}")
-        runs.append((k, int(counts.sum()), elapsed))
-    for k, s in fit_loop_seconds(runs, bare)[1].items():
-      seconds[k].append(s)
+        fastest[k, length] = min(fastest.get((k, length), (np.inf, 0)),
+                                 (elapsed, int(counts.sum())))
+  seconds = fit_loop_seconds([(k, n, t) for (k, _), (t, n) in fastest.items()], bare)[1]
   unit = method.costs.target_step_ms / 1e3
-  loop = {k: statistics.median(v) / unit for k, v in seconds.items()}
+  loop = {k: s / unit for k, s in seconds.items()}
   bad = {k: v for k, v in loop.items() if not v > 0}
   if bad:
     raise RuntimeError(f"calibration timed no positive iteration cost at {bad} (a machine "
