@@ -3,12 +3,14 @@ the bare ``sj.Speculative(draft, gamma)`` against ``sj.Adaptive`` over the one-e
 (gamma), the full menu 0, 1, 2, 3, 4, 6 under a cost table by hand in which gamma always wins
 (the menu's loops, the estimates, the rule, the text history, the draft's catch-up check, all
 running, choosing gamma in every iteration), and the full menu under the table measured for the
-run (what the rule does there), beside autoregressive decoding; interleaved calls, the order
-rotated each round (``adaptive_upkeep.time_settings``).
+run or read with ``--costs_in`` (a saved ``sj.CostTable``, e.g. a runner's calibrated one: what
+the rule does there), from the fixed prior and warmed by an untimed call's estimates
+(``sj.Adaptive.warmed``, as the runner times it), beside autoregressive decoding; interleaved
+calls, the order rotated each round (``adaptive_upkeep.time_settings``).
 
     python -m experiments.adaptive_wrapper --target=smollm2-135m --draft=smollm2-draft \
         --prompts=code-edit --batch_size=4 --prompt_tokens=192 --max_new_tokens=128 \
-        --rounds=12 [--temperature=1] [--gamma=1]
+        --rounds=12 [--temperature=1] [--gamma=1] [--costs_in=TABLE.json]
 
 At T = 0 every setting's tokens are checked equal to the bare method's.
 """
@@ -29,6 +31,7 @@ def define_flags() -> None:
   """This tool's flags (``adaptive_upkeep.define_timing_flags``, and the gamma to reproduce)."""
   adaptive_upkeep.define_timing_flags(rounds=12)
   flags.DEFINE_integer("gamma", 1, "the fixed draft length the wrapped settings reproduce")
+  flags.DEFINE_string("costs_in", "", "a saved sj.CostTable for the rule (default: measured)")
 
 
 def wrapper_cost(target, draft, prompts, max_new_tokens: int, temperature: float = 0.0,
@@ -57,12 +60,14 @@ def wrapper_cost(target, draft, prompts, max_new_tokens: int, temperature: float
   wrapped = {f"adaptive, menu ({gamma},)": sj.Adaptive(inner, choices=(gamma,), costs=forced),
              f"adaptive, menu {MENU}, forced to {gamma}": sj.Adaptive(inner, choices=MENU,
                                                                       costs=forced)}
+  rule = sj.Adaptive(inner, choices=MENU, costs=measured)
   settings = {
       "autoregressive": (sj.Autoregressive(), {}),
       f"speculative gamma {gamma}": (inner, {}),
       **{name: (method, {}) for name, method in wrapped.items()},
-      f"adaptive, menu {MENU}, measured table": (
-          sj.Adaptive(inner, choices=MENU, costs=measured), {}),
+      f"adaptive, menu {MENU}, measured table": (rule, {}),
+      f"adaptive, menu {MENU}, measured table, warmed": (rule.warmed(sj.generate(
+          target, prompts, rule, sampling, max_new_tokens=max_new_tokens).stats), {}),
   }
   medians, outputs = adaptive_upkeep.time_settings(target, prompts, settings, sampling,
                                                    max_new_tokens, rounds)
@@ -87,8 +92,10 @@ def main(argv):
   target, draft, prompts, _ = models.load_pair(
       FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens,
       (FLAGS.gamma,), FLAGS.temperature, FLAGS.max_new_tokens, chat_template=FLAGS.chat_template)
+  import specjax as sj
   result = wrapper_cost(target, draft, prompts, FLAGS.max_new_tokens, FLAGS.temperature,
-                        FLAGS.rounds, FLAGS.gamma)
+                        FLAGS.rounds, FLAGS.gamma,
+                        sj.CostTable.load(FLAGS.costs_in) if FLAGS.costs_in else None)
   bare = result[f"speculative gamma {FLAGS.gamma}"]
   print(f"batch {len(prompts)}, prompts {FLAGS.prompts}, {FLAGS.max_new_tokens} tokens a row, "
         f"T = {FLAGS.temperature:g}, {FLAGS.rounds} rounds (order rotated)")

@@ -33,6 +33,8 @@ def choice_lines(results: dict) -> list[str]:
     if loop:  # sj.Adaptive.calibrated: each entry's loop iteration, in target steps
       prior += (f"; priced by its loop ({' '.join(f'{k}: {v:.2f}' for k, v in loop.items())} "
                 f"target steps, {e.get('calibration_s', 0.0):.0f} s)")
+    elif e.get("calibration_error"):
+      prior += f"; priced by the bare table ({e['calibration_error']})"
     out.append(f"- {adaptive_label(e)}{mesh} T={e['temperature']:g}: {shares} "
                f"({sum(counts)} iterations{prior})")
   return out

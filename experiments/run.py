@@ -232,11 +232,16 @@ def run_experiment(config, command: str | None = None) -> dict:
     runner = Runner(config, models, prompt_width=max(prompt_lengths))
     records = [dict(s, warmup_s=0.0, times=[], tokens=[], first_batch_s=[], stats=StatsSum(),
                     outputs=None) for s in settings]
+    from specjax.decoding.adaptive_calibration import CalibrationNoise
     for rec in records:  # a cost rule's menu priced by its own loop (sj.Adaptive.calibrated)
       if rec.get("rule") == "cost" and config.adaptive_calibration and rec.get("cost_table"):
         _log(f"[run] calibrating {setting_label(rec)} on the first batch")
         start = time.perf_counter()
-        rec["cost_table"] = runner.calibrate(rec, batches[0])
+        try:
+          rec["cost_table"] = runner.calibrate(rec, batches[0])
+        except CalibrationNoise as error:  # the bare table, said in the log, row and report
+          rec["calibration_error"] = str(error)
+          _log(f"[run] {setting_label(rec)}: {error}; priced by the bare table")
         rec["calibration_s"] = time.perf_counter() - start
 
     # Warm-up: compile every setting once, on the first batch (all batches share one padded

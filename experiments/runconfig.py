@@ -153,11 +153,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.adaptive_rules = ADAPTIVE_RULES
   for name, value in options.ADAPTIVE_DEFAULTS.items():  # sj.Adaptive's own defaults
     c[f"adaptive_{name}"] = value
-  c.adaptive_drift = options.ADAPTIVE_DRIFTS[0]  # untested positions drift toward: prior / first
+  c.adaptive_drift = options.ADAPTIVE_DRIFTS[0]  # untested positions drift toward: first / prior
   # The cost rule's timed calls start from its warm-up's estimates (sj.Adaptive.warmed), not
   c.adaptive_warm = True  # adaptive_prior; results.json records each setting's "prior"
   # > 0: the cost rule's table priced by its own loop (sj.Adaptive.calibrated: this many repeats
-  c.adaptive_calibration = 0  # on the first batch; docs/benchmarks.md, session 43); 0: bare
+  c.adaptive_calibration = 3  # on the first batch; docs/benchmarks.md, session 44); 0: bare
   c.max_ngram = 3  # prompt_lookup: the longest n-gram looked up in the row's own text
   # Token trees and multi-draft methods run by method "tree", one setting per spec
   # (parse_tree_spec): full:DxB, chains:NxD, comb:DxW, dynamic:DxWxN (EAGLE-2), spectr:KxL

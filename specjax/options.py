@@ -25,10 +25,12 @@ ADAPTIVE_RULES = ("cost", "schedule", "confidence")
 # decay / prior from experiments/adaptive_tune.py on SmolLM2 + its draft (docs/benchmarks.md).
 ADAPTIVE_DEFAULTS = dict(decay=0.1, prior=0.5, forget=0.05, margin=0.0, threshold=0.4)
 # Where a position's estimate drifts while no entry tests it (``sj.Adaptive(drift=)``): toward the
-# fixed ``prior``, or toward the row's own first-position estimate ("deeper drafts accept like the
-# first": no draft-specific prior; on the benchmark pair the fixed 0.5 held the rule at short
-# drafts where its draft accepted ~0.75, docs/benchmarks.md).
-ADAPTIVE_DRIFTS = ("prior", "first")
+# row's own first-position estimate (the default: "deeper drafts accept like the first", no
+# draft-specific prior; the positions the runs tested ended near the first's, except where a
+# text's copied spans lift the first: the pair's code edits at T = 0, 0.99, then 0.74, 0.67),
+# or toward the fixed ``prior`` (on the benchmark pair, whose draft accepts ~0.75, the fixed 0.5
+# held the rule at one draft at batch 1 where two to four paid; docs/benchmarks.md, session 44).
+ADAPTIVE_DRIFTS = ("first", "prior")
 
 
 RETRIEVAL_SAMPLES = 64  # ``sj.Retrieval(samples=)``'s default: occurrences counted per lookup

@@ -104,8 +104,8 @@ class GreedyTest(parameterized.TestCase):
       ("speculative_confidence", "speculative", "confidence"),
       ("prompt_lookup_cost", "prompt_lookup", "cost"),
       ("jacobi_schedule", "jacobi", "schedule"),
-      ("speculative_cost_drift_first", "speculative", "cost", "first"))
-  def test_matches_autoregressive(self, name, rule, drift="prior"):
+      ("speculative_cost_drift_prior", "speculative", "cost", "prior"))
+  def test_matches_autoregressive(self, name, rule, drift="first"):
     target, inner = methods()
     choices = MENU[1:] if rule == "confidence" else MENU
     method = sj.Adaptive(inner[name], choices=choices, costs=table(), rule=rule, drift=drift)
@@ -534,7 +534,7 @@ class ChoiceTest(absltest.TestCase):
     plain iteration leaves every estimate to the look."""
     target, draft = random_transformer(TF_CONFIG, 0), noisy_copy(TF_CONFIG, 0)
     method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=table(), decay=0.2,
-                         prior=0.5, forget=0.1)
+                         prior=0.5, forget=0.1, drift="prior")
     proposer, params = method.proposer(target)
     prompt = jnp.asarray([[3, 4, 5], [6, 7, 8]], jnp.int32)
     lengths = jnp.asarray([3, 3], jnp.int32)
@@ -576,7 +576,8 @@ class ChoiceTest(absltest.TestCase):
     target = random_transformer(TF_CONFIG, 0)
     trees = sj.Retrieval(None, num_tokens=3, nodes=6, branches=2, samples=8, per_request=True)
     method = sj.Adaptive(trees, choices=MENU, costs=table(tuple(1.0 + 0.1 * t for t in range(7)),
-                                                          0.0), decay=0.2, prior=0.5, forget=0.1)
+                                                          0.0), decay=0.2, prior=0.5, forget=0.1,
+                         drift="prior")
     proposer, params = method.proposer(target)
     # "1 3" came before 4 and 5: a first level of two nodes; row 1 likewise
     prompt = jnp.asarray([[1, 3, 4, 1, 3, 5, 1], [2, 6, 7, 2, 6, 8, 2]], jnp.int32)
@@ -990,7 +991,7 @@ class WarmTest(absltest.TestCase):
     active, budget = jnp.asarray([True, True]), jnp.full((2,), 64, jnp.int32)
     for prior, first in (((0.0, 0.0, 0.0), 0), ((1.0, 1.0, 1.0), 3), ((0.9, 0.5, 0.2), None)):
       method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=table(),
-                           prior=prior, forget=0.5)
+                           prior=prior, forget=0.5, drift="prior")
       proposer, params = method.proposer(target)
       state = proposer.prefill(params, prompt, lengths, 16)
       np.testing.assert_allclose(np.asarray(state.acceptance), [prior, prior], rtol=1e-6)
@@ -1103,7 +1104,7 @@ class ErrorTest(absltest.TestCase):
          "prior_evidence must be one value or 6 .* got 2"),
         (dict(method=spec, margin=-0.1, costs=FLAT), "margin must be .* got -0.1"),
         (dict(method=spec, drift="last", costs=FLAT),
-         "drift must be one of prior, first, got 'last'"),
+         "drift must be one of first, prior, got 'last'"),
         (dict(method=spec), "rule 'cost' needs costs=sj.CostTable"),
         (dict(method=spec, choices=(0, 1, 6), costs=FLAT), "7"),  # no pass over 7 tokens
         (dict(method=inner["prompt_lookup"], choices=(1, 2), rule="confidence"),

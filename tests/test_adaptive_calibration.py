@@ -12,7 +12,7 @@
    busy neighbour: the fastest of a call's times is kept), the table's ``loop`` is each ``s_k``
    in target steps; the costs are traced,
    so the calibrated method runs the loop the calibration compiled, and it stays greedy-exact.
-4. Errors, one line each.
+4. Errors, one line each; a fit of no positive iteration cost raises ``CalibrationNoise``.
 """
 
 from __future__ import annotations
@@ -61,6 +61,13 @@ def interfered_clock(repeats: int):
     clean, made[call] = made[call] == sum(call) % repeats, made[call] + 1
     return stats, seconds * (1.0 if clean else 1.1 + 0.1 * ((made[call] + call[0]) % 5))
   return clock
+
+
+def falling_clock(run):
+  """A clock whose calls take the less time the more iterations they ran: the fit finds no
+  positive iteration cost (the lengths' difference drowned in a machine's noise)."""
+  stats, _ = run_call(run)
+  return stats, 1.0 / float(np.asarray(stats.choice_counts).sum())
 
 
 run_call = adaptive_calibration.time_call
@@ -146,6 +153,10 @@ class CalibratedTest(absltest.TestCase):
       with self.assertRaisesRegex(ValueError, message):
         method.calibrated(target, GREEDY_PROMPTS, **{"sampling": greedy, "max_new_tokens": NEW,
                                                      **kwargs})
+    with mock.patch.object(adaptive_calibration, "time_call", falling_clock):
+      with self.assertRaisesRegex(adaptive_calibration.CalibrationNoise,
+                                  r"^calibration timed no positive iteration cost at \{0: -"):
+        menu.calibrated(target, GREEDY_PROMPTS, sampling=greedy, max_new_tokens=NEW, repeats=1)
 
 
 if __name__ == "__main__":

@@ -530,8 +530,10 @@ class AdaptiveWrapperTest(absltest.TestCase):
                          draft_step=0.1, batch=2, context=16, target_step_ms=1.0, device="test")
     result = adaptive_wrapper.wrapper_cost(target, draft, prompts, max_new_tokens=24, rounds=1,
                                            gamma=2, measured=table)
-    self.assertLen(result, 5)
+    self.assertLen(result, 6)  # AR, bare, two forced, the rule from the prior and warmed
     self.assertTrue(all(wall > 0 and cpu > 0 for wall, cpu, _ in result.values()))
+    warmed = result["adaptive, menu (0, 1, 2, 3, 4, 6), measured table, warmed"][2]
+    self.assertGreater(sum(warmed.values()), 0)  # its histogram: greedy-checked like the rest
     forced = result["adaptive, menu (0, 1, 2, 3, 4, 6), forced to 2"][2]
     self.assertEqual(forced[2], sum(forced.values()))
     self.assertGreater(forced[2], 0)

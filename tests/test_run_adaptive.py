@@ -16,9 +16,9 @@ from unittest import mock
 from absl.testing import absltest, parameterized
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
-  from tests.test_adaptive_calibration import SECONDS, fake_clock
+  from tests.test_adaptive_calibration import SECONDS, fake_clock, falling_clock
 except ImportError:  # pragma: no cover
-  from test_adaptive_calibration import SECONDS, fake_clock
+  from test_adaptive_calibration import SECONDS, fake_clock, falling_clock
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -28,6 +28,30 @@ def _tiny(arg: str):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg)
+
+
+class CalibrationNoiseTest(absltest.TestCase):
+  """A calibration whose calls tell no positive iteration cost (a clock by hand whose calls are
+  the faster the longer: a machine too noisy for the run's lengths) leaves the setting priced by
+  the bare table, and says so in its row and the report, instead of ending the run."""
+
+  def test_priced_by_the_bare_table(self):
+    from experiments import run
+    from specjax.decoding import adaptive_calibration
+    with tempfile.TemporaryDirectory() as tmp:
+      config = _tiny("methods=adaptive,adaptive_rules=cost,adaptive_choices=0/1,temperature=0,"
+                     "repeats=1,n=8,batch=2,num_prompts=2,plots=false,progress=false")
+      config.output_dir = tmp
+      with mock.patch.object(adaptive_calibration, "time_call", falling_clock):
+        run.run_experiment(config)
+      saved = json.loads(pathlib.Path(tmp, "results.json").read_text())
+      md = pathlib.Path(tmp, "report.md").read_text()
+    row, = [e for e in saved["settings"] if e["method"] == "adaptive"]
+    self.assertTrue(row["calibration_error"].startswith(
+        "calibration timed no positive iteration cost at {0: -"), row["calibration_error"])
+    self.assertFalse(row["cost_table"].get("loop"))
+    self.assertGreater(sum(row["choice_counts"]), 0)  # and the setting ran
+    self.assertIn("priced by the bare table (calibration timed no positive", md)
 
 
 class AdaptiveRunTest(absltest.TestCase):
@@ -221,7 +245,7 @@ class AdaptiveConfigTest(parameterized.TestCase):
       ("no_draft_length", "adaptive_choices=0", "a draft length >= 1, got [0]"),
       ("bad_decay", "adaptive_decay=0", "adaptive_decay must be a number in (0, 1], got 0.0"),
       ("bad_threshold", "adaptive_threshold=1.5", "adaptive_threshold must be a number in [0, 1]"),
-      ("bad_drift", "adaptive_drift=last", "adaptive_drift must be one of prior, first, got 'last'"))
+      ("bad_drift", "adaptive_drift=last", "adaptive_drift must be one of first, prior, got 'last'"))
   def test_error(self, arg, message):
     from experiments import runconfig
     config = _tiny(f"methods=autoregressive/adaptive,{arg}")

@@ -21,11 +21,12 @@ bookkeeping, the rule). Timed one by one, the entries' iterations scattered 10-2
 Each call (an entry at a length) is timed ``repeats`` times and its fastest time kept: on a
 shared machine interference only ever slows a call (``timeit``'s minimum; on the benchmark pair
 at batch 4 the same call's three times spread up to 60% on the 2-core box, and the repeats'
-fits, each its own noise, had priced one draft at 1.1-2.3x plain decoding where its bare price
+fits, each its own noise, had priced one draft at 1.5-2.3x plain decoding where its bare price
 was 1.4-1.7x). The fastest calls give ``F``, ``b`` and the ``o`` by least squares
 (``fit_loop_seconds``; a menu of three entries or fewer leaves each entry its own ``s_k``), and
-the table's ``loop[k]`` is ``s_k`` in target steps (the table's ``target_step_ms``). No EOS stops a row: every call decodes its budget, so the iteration counts
-differ between the two lengths.
+the table's ``loop[k]`` is ``s_k`` in target steps (the table's ``target_step_ms``). No EOS
+stops a row: every call decodes its budget, so the iteration counts differ between the two
+lengths.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ from specjax.decoding.generate import generate
 # A held entry's rivals cost this many times more an iteration: above any ratio of modelled
 # tokens an iteration (at most 1 + the largest choice), so the rule never leaves the entry.
 HOLD = 1e3
+
+
+class CalibrationNoise(RuntimeError):
+  """The calls' times fitted an iteration of no positive cost: on that machine the lengths'
+  difference drowned in its noise (tiny models, a small ``max_new_tokens``)."""
 
 
 def held_table(table: CostTable, choices: tuple[int, ...], gamma: int) -> CostTable:
@@ -83,9 +89,9 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
   """``method.costs`` (an ``sj.Adaptive`` of rule "cost") with ``loop`` set: each menu entry's
   iteration in target steps, timed in ``method``'s own loop held at that entry on ``prompts``
   (the run's batch) at ``sampling``, ``max_new_tokens`` and half of it, ``repeats`` times
-  each, the fastest kept (module docstring). ``generate_kwargs``: the rest of ``sj.generate``'s (``prompt_width``,
-  ``mesh``, ...) as the run passes them, so that a run without EOS reuses the compiled loop;
-  no ``eos_token_id``."""
+  each, the fastest kept (module docstring). ``generate_kwargs``: the rest of ``sj.generate``'s
+  (``prompt_width``, ``mesh``, ...) as the run passes them, so that a run without EOS reuses
+  the compiled loop; no ``eos_token_id``."""
   if method.rule != "cost" or not isinstance(method.costs, CostTable):
     raise ValueError(f"calibration prices rule 'cost' by its sj.CostTable; got rule "
                      f"{method.rule!r}, costs {type(method.costs).__name__}")
@@ -123,6 +129,6 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
   loop = {k: s / unit for k, s in seconds.items()}
   bad = {k: v for k, v in loop.items() if not v > 0}
   if bad:
-    raise RuntimeError(f"calibration timed no positive iteration cost at {bad} (a machine "
-                       f"too noisy for these lengths? more max_new_tokens or repeats)")
+    raise CalibrationNoise(f"calibration timed no positive iteration cost at {bad} (a "
+                           f"machine too noisy for these lengths? more max_new_tokens or repeats)")
   return dataclasses.replace(method.costs, loop=loop)

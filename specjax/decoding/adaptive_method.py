@@ -36,8 +36,8 @@ class Adaptive:
   ``calibrated`` prices each entry by this loop's own iteration), from
   per-row running estimates of the acceptance at each position (a running mean with ``prior`` as
   two observations, then an EMA of weight ``decay``; drift at rate ``forget`` for positions past
-  the chosen entry's drafts, back to ``prior`` or, with ``drift="first"``, to the row's own
-  first-position estimate; a skipped draft follows the text and is scored
+  the chosen entry's drafts, toward the row's own first-position estimate or, with
+  ``drift="prior"``, back to ``prior``; a skipped draft follows the text and is scored
   over the plain tokens), keeping the last entry unless the best beats it by the factor
   ``1 + margin``. ``prior`` is one value, or one per position (the largest choice's many),
   and counts as two observations plus ``prior_evidence`` (one value or one per position; 0:
@@ -59,7 +59,7 @@ class Adaptive:
   forget: float = options.ADAPTIVE_DEFAULTS["forget"]
   threshold: float = options.ADAPTIVE_DEFAULTS["threshold"]
   margin: float = options.ADAPTIVE_DEFAULTS["margin"]
-  drift: str = options.ADAPTIVE_DRIFTS[0]  # "prior"
+  drift: str = options.ADAPTIVE_DRIFTS[0]  # "first"
   prior_evidence: float | tuple[float, ...] = 0.0
   name = "adaptive"
 
@@ -222,7 +222,8 @@ def per_position(given, depth: int, name: str, check=options.check_unit_number,
   return tuple(float(v) for v in values) * (depth if len(values) == 1 else 1)
 
 
-def check_settings(decay, forget, threshold, margin=0.0, drift="prior") -> None:
+def check_settings(decay, forget, threshold, margin=0.0,
+                   drift=options.ADAPTIVE_DRIFTS[0]) -> None:
   """The estimator's, the cost rule's and the confidence rule's settings (the prior:
   ``per_position``), or a one-line ValueError."""
   options.check_adaptive_drift(drift)

@@ -32,22 +32,22 @@ Rules (``RULES``):
   exponential moving average of weight ``decay`` on the newest observation: ``kept_weight``) of the
   verifier's exact acceptance probability (T > 0: ``sum_x min(p, q)`` for sampled drafts, ``p(x)``
   for deterministic ones; T = 0: the match indicator) at the positions whose test ran; positions
-  past the chosen entry's drafts drift back to ``prior`` (``drift="first"``: to the row's own
-  first-position estimate) at rate ``forget`` per iteration (what makes a longer entry worth a try
-  again), while a position the entry drafted but did not reach keeps its estimate (drifting it would
-  bias a hard text's estimates up). With choice 0 a draft-free proposer still makes its
-  first guess (free) and the emitted token scores it (the deeper positions drift). A draft model
-  is skipped (no draft step) and follows the text a span of plain tokens at a time (``look_span``:
-  ``LOOK_SPAN`` x the largest choice, the ``look``; each look that leaves the rule plain doubles
-  the next span, up to ``LOOK_BACKOFF`` x, until it speculates again): fed the plain tokens, its
-  guesses after the last ``LOOK_SCORED`` of them are scored against the tokens the target drew
-  (the match at T = 0; at T > 0 the acceptance ``sum_x min(p, q)`` itself, from the target's law
-  p kept for those tokens (``record_plain``); a tree whose first level is the draft's top k:
-  whether the token is among them, at T > 0 p's mass on them), and the choice is made with
-  that; the deeper positions, which a look does not score, are capped at the first's new
-  estimate. Its estimates do not drift in plain iterations: a resumption rests on what the
-  draft would have done at the end of the stretch, at two draft passes per span (the catch-up
-  it would need anyway, and the scored tokens).
+  past the chosen entry's drafts drift toward the row's own first-position estimate
+  (``drift="prior"``: back to ``prior``) at rate ``forget`` per iteration (what makes a longer
+  entry worth a try again), while a position the entry drafted but did not reach keeps its
+  estimate (drifting it would bias a hard text's estimates up). With choice 0 a draft-free
+  proposer still makes its first guess (free) and the emitted token scores it (the deeper
+  positions drift). A draft model is skipped (no draft step) and follows the text a span of plain
+  tokens at a time (``look_span``: ``LOOK_SPAN`` x the largest choice, the ``look``; each look that
+  leaves the rule plain doubles the next span, up to ``LOOK_BACKOFF`` x, until it speculates again):
+  fed the plain tokens, its guesses after the last ``LOOK_SCORED`` of them are scored against the
+  tokens the target drew (the match at T = 0; at T > 0 the acceptance ``sum_x min(p, q)`` itself,
+  from the target's law p kept for those tokens (``record_plain``); a tree whose first level is the
+  draft's top k: whether the token is among them, at T > 0 p's mass on them), and the choice is made
+  with that; the deeper positions, which a look does not score, are capped at the first's new
+  estimate. Its estimates do not drift in plain iterations: a resumption rests on what the draft
+  would have done at the end of the stretch, at two draft passes per span (the catch-up it would
+  need anyway, and the scored tokens).
 * ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
   "heuristic"``): +2 drafts after an iteration in which every active row accepted all its
   drafts, else -1 (never below the smallest positive entry), starting at the largest entry.
@@ -155,7 +155,7 @@ class AdaptiveProposer:
   vocab_size: int
   margin: float = 0.0
   shadow: Any = None
-  drift: str = "prior"  # where untested positions' estimates drift (``options.ADAPTIVE_DRIFTS``)
+  drift: str = options.ADAPTIVE_DRIFTS[0]  # where untested positions drift (``ADAPTIVE_DRIFTS``)
   key: tuple = dataclasses.field(init=False, repr=False)
 
   def __post_init__(self):
