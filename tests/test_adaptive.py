@@ -389,6 +389,18 @@ class ChoiceTest(absltest.TestCase):
         # deeper positions (not scored by a look) capped at the first's estimate
         np.testing.assert_allclose(got[b, 1:], min(0.5, got[b, 0]), rtol=1e-6)
       np.testing.assert_array_equal(got[2], 0.5)  # the inactive row: nothing scored
+    # Deeper positions never observed (seen 0): with drift "first" they take the first's new
+    # estimate (here above their own), with drift "prior" they are capped like the rest
+    unseen = state.replace(seen=state.seen.at[:, 2:].set(0.0),
+                           acceptance=state.acceptance.at[:, 2:].set(0.2))
+    for drift in ("first", "prior"):
+      got = np.asarray(dataclasses.replace(proposer, drift=drift).look(
+          params, unseen, jnp.asarray(pending), S(0.0), active).acceptance)
+      for b in range(2):
+        np.testing.assert_allclose(got[b, 1], min(0.5, got[b, 0]), rtol=1e-6)
+        np.testing.assert_allclose(got[b, 2:], got[b, 0] if drift == "first" else 0.2,
+                                   rtol=1e-6, err_msg=drift)
+      np.testing.assert_array_equal(got[2, 2:], np.float32(0.2))  # the inactive row
     return proposer, params, state, pending, active, lengths
 
   def check_look_schedule(self, target, draft, proposer, params, state, pending, active,

@@ -245,7 +245,8 @@ class AdaptiveConfigTest(parameterized.TestCase):
       ("no_draft_length", "adaptive_choices=0", "a draft length >= 1, got [0]"),
       ("bad_decay", "adaptive_decay=0", "adaptive_decay must be a number in (0, 1], got 0.0"),
       ("bad_threshold", "adaptive_threshold=1.5", "adaptive_threshold must be a number in [0, 1]"),
-      ("bad_drift", "adaptive_drift=last", "adaptive_drift must be one of first, prior, got 'last'"))
+      ("bad_drift", "adaptive_drift=last",
+       "adaptive_drift must be one of first, prior, got 'last'"))
   def test_error(self, arg, message):
     from experiments import runconfig
     config = _tiny(f"methods=autoregressive/adaptive,{arg}")

@@ -45,9 +45,9 @@ Rules (``RULES``):
   from the target's law p kept for those tokens (``record_plain``); a tree whose first level is the
   draft's top k: whether the token is among them, at T > 0 p's mass on them), and the choice is made
   with that; the deeper positions, which a look does not score, are capped at the first's new
-  estimate. Its estimates do not drift in plain iterations: a resumption rests on what the draft
-  would have done at the end of the stretch, at two draft passes per span (the catch-up it would
-  need anyway, and the scored tokens).
+  estimate (with ``drift="first"`` one never observed takes it). Its estimates do not drift in plain
+  iterations: a resumption rests on what the draft would have done at the end of the stretch, at two
+  draft passes per span (the catch-up it would need anyway, and the scored tokens).
 * ``"schedule"``: Hugging Face's heuristic schedule (``num_assistant_tokens_schedule=
   "heuristic"``): +2 drafts after an iteration in which every active row accepted all its
   drafts, else -1 (never below the smallest positive entry), starting at the largest entry.
@@ -309,8 +309,8 @@ class AdaptiveProposer:
     """The skipped draft caught up with the text and its guess after each of the last
     ``LOOK_SCORED`` tokens scored against the plain token that came (pending included): position
     0's estimate gets one observation per scored token (``observe_many``), and a scored row's
-    deeper estimates are capped at it.
-    The observation is the acceptance that guess would have had: at T = 0 the match; at T > 0
+    deeper estimates are capped at it (never observed, with ``drift="first"``: set to it). The
+    observation is the acceptance that guess would have had: at T = 0 the match; at T > 0
     ``sum_x min(p, q)``, the acceptance of a draft drawn from q (Leviathan et al. 2023, Sec.
     3.1), from the target's law p that the plain iteration kept (``record_plain``), else (a
     token whose law was not kept) ``min(1, q(x) / p(x))`` for the token x the target drew from
@@ -363,10 +363,11 @@ class AdaptiveProposer:
     first, seen = observe_many(state.acceptance[:, 0], state.seen[:, 0], count,
                                total / jnp.maximum(count, 1.0), self.decay)
     # The look scores first guesses only; a deeper position is taken to accept no more than the
-    # first (its estimate capped at the first's): left at an optimistic prior, it made the rule
-    # resume long chains on a noisy first estimate (T = 1).
-    capped = jnp.where((count > 0)[:, None], jnp.minimum(state.acceptance, first[:, None]),
-                       state.acceptance)
+    # first (capped at it: at an optimistic prior the rule resumed long chains on a noisy first
+    # estimate, T = 1), and with drift="first" one never observed takes the first's estimate.
+    deeper = jnp.where((state.seen > 0) | (self.drift != "first"),
+                       jnp.minimum(state.acceptance, first[:, None]), first[:, None])
+    capped = jnp.where((count > 0)[:, None], deeper, state.acceptance)
     return state.replace(inner=inner, acceptance=capped.at[:, 0].set(first),
                          seen=state.seen.at[:, 0].set(seen), plain_run=jnp.int32(0))
 
