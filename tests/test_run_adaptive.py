@@ -41,7 +41,7 @@ class CalibrationNoiseTest(absltest.TestCase):
     with tempfile.TemporaryDirectory() as tmp:
       config = _tiny("methods=adaptive,adaptive_rules=cost,adaptive_choices=0/1,temperature=0,"
                      "repeats=1,n=8,batch=2,num_prompts=2,plots=false,progress=false")
-      config.output_dir = tmp
+      config.output_dir, config.adaptive_calibration = tmp, 3  # the runner's default
       with mock.patch.object(adaptive_calibration, "time_call", falling_clock):
         run.run_experiment(config)
       saved = json.loads(pathlib.Path(tmp, "results.json").read_text())
