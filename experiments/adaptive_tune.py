@@ -109,7 +109,7 @@ def main(argv):
 
   choices = tuple(int(k) for k in FLAGS.choices)
   gammas = tuple(k for k in choices if k > 0)
-  target, draft, prompts, _ = models.load_pair(
+  target, draft, prompts, _ = models.load_pair_for_tool(
       FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.num_prompts or FLAGS.batch_size,
       FLAGS.prompt_tokens, gammas, 0.0, FLAGS.max_new_tokens, chat_template=FLAGS.chat_template)
   size = FLAGS.batch_size

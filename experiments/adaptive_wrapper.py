@@ -89,7 +89,7 @@ def main(argv):
   del argv
   from experiments import models
 
-  target, draft, prompts, _ = models.load_pair(
+  target, draft, prompts, _ = models.load_pair_for_tool(
       FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens,
       (FLAGS.gamma,), FLAGS.temperature, FLAGS.max_new_tokens, chat_template=FLAGS.chat_template)
   import specjax as sj

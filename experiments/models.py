@@ -98,6 +98,10 @@ class Models:
              chat: bool = False) -> list[list[int]]:
     """Token ids per prompt, cut to their last ``max_tokens``. ``chat``: each text becomes a user
     message in the tokenizer's chat template, ending where the assistant's reply starts."""
+    if chat and not getattr(self.tokenizer, "chat_template", None):
+      raise ConfigError(f"chat_template is set, but the tokenizer ({type(self.tokenizer).__name__}"
+                        f" of {self.specs['target'].spec}) has no chat template: set "
+                        f"chat_template=False (the tools: --nochat_template)")
     bos = getattr(self.tokenizer, "bos_token_id", None) if add_bos and not chat else None
     out, cut = [], []
     for text in texts:
@@ -146,3 +150,13 @@ def load_pair(target: str, draft: str | None, prompts: str, batch_size: int, pro
   encoded = models.encode(texts[:batch_size], prompt_tokens, bool(config.add_bos),
                           chat_template)
   return models.sj["target"], models.sj.get("draft"), encoded, specs
+
+
+def load_pair_for_tool(*args, **kwargs):
+  """``load_pair`` for a command-line tool: its ``ConfigError`` becomes absl's usage error (the
+  tool's usage and the one-line reason, no traceback)."""
+  from absl import app
+  try:
+    return load_pair(*args, **kwargs)
+  except ConfigError as e:
+    raise app.UsageError(str(e)) from None

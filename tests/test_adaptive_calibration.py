@@ -153,6 +153,11 @@ class CalibratedTest(absltest.TestCase):
       with self.assertRaisesRegex(ValueError, message):
         method.calibrated(target, GREEDY_PROMPTS, **{"sampling": greedy, "max_new_tokens": NEW,
                                                      **kwargs})
+    for shorter, message in (((NEW,), r"^a shorter length = 12 must be below max_new_tokens = "
+                              r"12$"), ((0,), r"^a shorter length = 0 must be an int >= 1$")):
+      with self.assertRaisesRegex(ValueError, message):
+        adaptive_calibration.timed_calls(menu, target, GREEDY_PROMPTS, sampling=greedy,
+                                         max_new_tokens=NEW, shorter=shorter)
     with mock.patch.object(adaptive_calibration, "time_call", falling_clock):
       with self.assertRaisesRegex(adaptive_calibration.CalibrationNoise,
                                   r"^calibration timed no positive iteration cost at \{0: -"):

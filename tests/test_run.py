@@ -483,6 +483,31 @@ class CostSplitTest(absltest.TestCase):
       cost_split.split_costs(target, draft, prompts, gammas=["1"], lengths=["8"], repeats=1)
 
 
+class ChatTemplateTest(absltest.TestCase):
+  """chat_template set for a tokenizer without one: a one-line error naming it, in the runner and
+  in the side tools (transformers' traceback before)."""
+
+  def test_tool(self):
+    from absl import app
+
+    from experiments import models
+    with self.assertRaisesRegex(app.UsageError, r"^chat_template is set, but the tokenizer "
+                                r"\(ByteTokenizer of random:tiny-target\) has no chat template"):
+      models.load_pair_for_tool("random:tiny-target", "random:tiny-draft", "chat-small", 1, 32,
+                                (1,), 0.0, 8, chat_template=True)
+    target, draft, prompts, _ = models.load_pair_for_tool(
+        "random:tiny-target", "random:tiny-draft", "chat-small", 1, 32, (1,), 0.0, 8)
+    self.assertLen(prompts, 1)
+
+  def test_runner(self):
+    proc, _ = _run("--config=configs/tiny.py", "--config.chat_template=true",
+                   "--config.output_dir=/nonexistent/never-written")
+    self.assertNotEqual(proc.returncode, 0)
+    last = proc.stderr.strip().splitlines()[-1]
+    self.assertTrue(last.startswith("error: chat_template is set"), proc.stderr)
+    self.assertNotIn("Traceback", proc.stderr)
+
+
 class AdaptiveUpkeepTest(absltest.TestCase):
   """experiments/adaptive_upkeep.py on tiny random models: every setting timed, none drafting."""
 

@@ -16,9 +16,11 @@ from unittest import mock
 from absl.testing import absltest, parameterized
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
-  from tests.test_adaptive_calibration import SECONDS, fake_clock, falling_clock
+  from tests.test_adaptive_calibration import (GREEDY_PROMPTS, MENU, SECONDS, fake_clock,
+                                               falling_clock, interfered_clock, methods, table)
 except ImportError:  # pragma: no cover
-  from test_adaptive_calibration import SECONDS, fake_clock, falling_clock
+  from test_adaptive_calibration import (GREEDY_PROMPTS, MENU, SECONDS, fake_clock, falling_clock,
+                                         interfered_clock, methods, table)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -52,6 +54,32 @@ class CalibrationNoiseTest(absltest.TestCase):
     self.assertFalse(row["cost_table"].get("loop"))
     self.assertGreater(sum(row["choice_counts"]), 0)  # and the setting ran
     self.assertIn("priced by the bare table (calibration timed no positive", md)
+
+
+class CalibrationSpreadTest(absltest.TestCase):
+  """experiments/calibration_spread.py: one series of calibration calls cut into groups of
+  rounds, each priced as one calibration would (a clock by hand on which each call runs clean in
+  one round of six and 10-50% slow in the others)."""
+
+  def test_groups(self):
+    import specjax as sj
+    from experiments import calibration_spread
+    from specjax.decoding import adaptive_calibration
+    target, inner = methods()
+    menu = sj.Adaptive(inner["speculative"], choices=MENU, costs=table())
+    with mock.patch.object(adaptive_calibration, "time_call", interfered_clock(6)):
+      calls = adaptive_calibration.timed_calls(menu, target, GREEDY_PROMPTS,
+                                               sampling=sj.Sampling(0.0), max_new_tokens=12,
+                                               repeats=6)
+    self.assertLen(calls, 6 * len(MENU) * 2)
+    self.assertEqual(sorted({c.repeat for c in calls}), list(range(6)))
+    whole, = calibration_spread.spread(menu, calls, 6)  # every call's clean round: exact
+    for k, s in zip(MENU, SECONDS):
+      self.assertAlmostEqual(whole[k], s / SECONDS[0], places=6, msg=f"entry {k}")
+    singles = calibration_spread.spread(menu, calls, 1)
+    self.assertNotEmpty(singles)
+    self.assertLessEqual(len(singles), 6)
+    self.assertGreater(max(abs(r[k] / whole[k] - 1) for r in singles for k in MENU), 0.01)
 
 
 class AdaptiveRunTest(absltest.TestCase):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -84,14 +85,29 @@ def time_call(run) -> tuple:
   return out.stats, time.perf_counter() - start
 
 
-def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
-              key: jax.Array | None = None, repeats: int = 3, **generate_kwargs) -> CostTable:
-  """``method.costs`` (an ``sj.Adaptive`` of rule "cost") with ``loop`` set: each menu entry's
-  iteration in target steps, timed in ``method``'s own loop held at that entry on ``prompts``
-  (the run's batch) at ``sampling``, ``max_new_tokens`` and half of it, ``repeats`` times
-  each, the fastest kept (module docstring). ``generate_kwargs``: the rest of ``sj.generate``'s
-  (``prompt_width``, ``mesh``, ...) as the run passes them, so that a run without EOS reuses
-  the compiled loop; no ``eos_token_id``."""
+class Call(NamedTuple):
+  """One timed call of the loop held at ``entry`` drafts: ``length`` new tokens a row, in the
+  ``repeat``-th round, ``iterations`` iterations in ``seconds``."""
+  entry: int
+  length: int
+  repeat: int
+  seconds: float
+  iterations: int
+
+
+def bare_costs(method) -> dict[int, float]:
+  """{entry: its iteration by the bare table} (``entry_costs`` without the loop)."""
+  return dict(zip(method.choices, dataclasses.replace(method.costs, loop={}).entry_costs(
+      method.choices, method.tree_nodes, method.draft_widths)))
+
+
+def timed_calls(method, target, prompts, *, sampling, max_new_tokens: int,
+                key: jax.Array | None = None, repeats: int = 3,
+                shorter: tuple[int, ...] | None = None, **generate_kwargs) -> list[Call]:
+  """Every call ``calibrate`` times, ``repeats`` rounds of each menu entry at ``max_new_tokens``
+  and at each of ``shorter`` (default: half of it; the entries' order rotated and the lengths'
+  order reversed each round, so that machine noise hits all alike), after one untimed call per
+  length (the compilations)."""
   if method.rule != "cost" or not isinstance(method.costs, CostTable):
     raise ValueError(f"calibration prices rule 'cost' by its sj.CostTable; got rule "
                      f"{method.rule!r}, costs {type(method.costs).__name__}")
@@ -99,12 +115,15 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
     raise ValueError("calibration decodes every row's whole budget: no eos_token_id")
   longest = checked_int("max_new_tokens", max_new_tokens, 4)
   repeats = checked_int("repeats", repeats, 1)
+  bare_costs(method)  # a table that cannot price the menu fails before any call
+  shorter = (longest // 2,) if shorter is None else tuple(shorter)
+  for n in shorter:
+    if checked_int("a shorter length", n, 1) >= longest:
+      raise ValueError(f"a shorter length = {n} must be below max_new_tokens = {longest}")
+  lengths = (longest, *dict.fromkeys(shorter))
   key = jax.random.key(0) if key is None else key
-  lengths = (longest, longest // 2)
   held = {k: dataclasses.replace(method, costs=held_table(method.costs, method.choices, k))
           for k in method.choices}
-  bare = dict(zip(method.choices, dataclasses.replace(method.costs, loop={}).entry_costs(
-      method.choices, method.tree_nodes, method.draft_widths)))
 
   def call(k, length):
     return lambda: generate(target, prompts, held[k], sampling, max_new_tokens=length, key=key,
@@ -112,7 +131,7 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
 
   for length in lengths:  # compile both loops (the costs are traced: one loop per length)
     jax.block_until_ready(call(method.choices[0], length)().tokens)
-  fastest: dict[tuple[int, int], tuple[float, int]] = {}  # (entry, length): (seconds, iterations)
+  calls = []
   for r in range(repeats):
     order = method.choices[r % len(method.choices):] + method.choices[:r % len(method.choices)]
     for k in order:
@@ -122,9 +141,19 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
         if counts.sum() != counts[method.choices.index(k)]:
           raise RuntimeError(f"the rule left the entry it was held at ({k} drafts): "
                              f"choices {counts.tolist()}")
-        fastest[k, length] = min(fastest.get((k, length), (np.inf, 0)),
-                                 (elapsed, int(counts.sum())))
-  seconds = fit_loop_seconds([(k, n, t) for (k, _), (t, n) in fastest.items()], bare)[1]
+        calls.append(Call(k, length, r, elapsed, int(counts.sum())))
+  return calls
+
+
+def priced(method, calls: list[Call]) -> CostTable:
+  """``method.costs`` with ``loop`` fitted to ``calls``: each (entry, length)'s fastest call
+  (``fit_loop_seconds``), in target steps (module docstring)."""
+  fastest: dict[tuple[int, int], tuple[float, int]] = {}  # (entry, length): (seconds, iterations)
+  for c in calls:
+    fastest[c.entry, c.length] = min(fastest.get((c.entry, c.length), (np.inf, 0)),
+                                     (c.seconds, c.iterations))
+  seconds = fit_loop_seconds([(k, n, t) for (k, _), (t, n) in fastest.items()],
+                             bare_costs(method))[1]
   unit = method.costs.target_step_ms / 1e3
   loop = {k: s / unit for k, s in seconds.items()}
   bad = {k: v for k, v in loop.items() if not v > 0}
@@ -132,3 +161,16 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
     raise CalibrationNoise(f"calibration timed no positive iteration cost at {bad} (a "
                            f"machine too noisy for these lengths? more max_new_tokens or repeats)")
   return dataclasses.replace(method.costs, loop=loop)
+
+
+def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
+              key: jax.Array | None = None, repeats: int = 3, **generate_kwargs) -> CostTable:
+  """``method.costs`` (an ``sj.Adaptive`` of rule "cost") with ``loop`` set: each menu entry's
+  iteration in target steps, timed in ``method``'s own loop held at that entry on ``prompts``
+  (the run's batch) at ``sampling``, ``max_new_tokens`` and half of it, ``repeats`` times
+  each, the fastest kept (module docstring; ``timed_calls`` then ``priced``).
+  ``generate_kwargs``: the rest of ``sj.generate``'s (``prompt_width``, ``mesh``, ...) as the
+  run passes them, so that a run without EOS reuses the compiled loop; no ``eos_token_id``."""
+  return priced(method, timed_calls(method, target, prompts, sampling=sampling,
+                                    max_new_tokens=max_new_tokens, key=key, repeats=repeats,
+                                    **generate_kwargs))
