@@ -2,19 +2,26 @@ r"""How far a calibrated price moves between calibrations (``sj.Adaptive.calibra
 number of repeats each keeps the fastest of: one long series of the calibration's own calls
 (``adaptive_calibration.timed_calls``, ``--repeats`` rounds), cut into consecutive groups of
 ``--groups`` rounds, each group priced as one calibration would price it
-(``adaptive_calibration.priced``: each call's fastest time, one fit). For each group size, each
+(``adaptive_calibration.priced``: each call's fastest time, one fit, each entry its own
+iteration, and the fit pooled on the bare table's shape beside it). For each group size, each
 menu entry's iteration relative to plain decoding's (what the rule weighs), its median over the
-groups and their range, beside the bare table's ratio.
+groups and their range, beside the bare table's ratio; ``--divisors``: shorter second lengths
+(the calls at every length are timed in one series; each is priced with ``max_new_tokens``).
 
     python -m experiments.calibration_spread --target=runs/train_bench/target \
         --draft=runs/train_bench/draft_distill --prompts=code-edit --batch_size=4 \
-        --prompt_tokens=192 --max_new_tokens=128 --repeats=12 --groups=1,3,6 --divisors=2,4
+        --prompt_tokens=192 --max_new_tokens=128 --repeats=12 --groups=1,3,6 --divisors=2,4 \
+        [--temperature=1] [--calls_out=calls.json]
 
 Why: on a shared 2-core box the runner's calibration (3 repeats) moved a price 10-15% between
-runs (docs/benchmarks.md, session 44), enough to flip the rule where two entries sit ~10% apart.
+runs (docs/benchmarks.md, session 44), enough to flip the rule where two entries sit ~10% apart;
+there a calibration's prices follow the machine's state, which moves one draft's price up to
+40% between minutes-long windows (session 45).
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 from absl import app, flags
@@ -26,10 +33,12 @@ FLAGS = flags.FLAGS
 MENU = adaptive_upkeep.MENU
 
 
-def spread(method, calls, group: int, lengths=None) -> list[dict[int, float]]:
+def spread(method, calls, group: int, lengths=None,
+           pooled: bool = False) -> list[dict[int, float]]:
   """Per consecutive ``group`` of rounds in ``calls`` (those at ``lengths`` only, if given):
-  {entry: its calibrated iteration / plain decoding's} (``adaptive_calibration.priced``); a
-  group whose fit is noise is left out."""
+  {entry: its calibrated iteration / plain decoding's} (``adaptive_calibration.priced``, each
+  entry its own iteration or ``pooled`` on the bare table's shape); a group whose fit is noise
+  is left out."""
   from specjax.decoding import adaptive_calibration
   rounds = 1 + max(c.repeat for c in calls)
   out = []
@@ -37,7 +46,7 @@ def spread(method, calls, group: int, lengths=None) -> list[dict[int, float]]:
     part = [c for c in calls if first <= c.repeat < first + group
             and (lengths is None or c.length in lengths)]
     try:
-      loop = adaptive_calibration.priced(method, part).loop
+      loop = adaptive_calibration.priced(method, part, pooled).loop
     except adaptive_calibration.CalibrationNoise:
       continue
     out.append({k: v / loop[0] for k, v in loop.items()})
@@ -65,6 +74,9 @@ def main(argv):
   calls = adaptive_calibration.timed_calls(method, target, prompts, sampling=sampling,
                                            max_new_tokens=longest, repeats=FLAGS.repeats,
                                            shorter=shorter)
+  if FLAGS.calls_out:
+    with open(FLAGS.calls_out, "w") as f:
+      json.dump([c._asdict() for c in calls], f)
   bare = adaptive_calibration.bare_costs(method)
   print(f"batch {len(prompts)}, prompts {FLAGS.prompts}, T = {FLAGS.temperature:g}, "
         f"{FLAGS.repeats} rounds of {len(calls) // FLAGS.repeats} calls; an entry's iteration / "
@@ -75,13 +87,16 @@ def main(argv):
     print(f"{'rounds kept':>12s} {'groups':>6s}  " + "  ".join(f"{k:>19d}" for k in MENU[1:]))
     print(f"{'bare table':>12s} {'':>6s}  " + "  ".join(f"{bare[k] / bare[0]:19.3f}"
                                                       for k in MENU[1:]))
-    for group in (int(g) for g in FLAGS.groups):
-      ratios = spread(method, calls, group, (longest, n))
-      cells = []
-      for k in MENU[1:]:
-        x = np.asarray([r[k] for r in ratios])
-        cells.append(f"{np.median(x):.3f} ({x.min():.3f}-{x.max():.3f})" if len(x) else "noise")
-      print(f"{group:12d} {len(ratios):6d}  " + "  ".join(f"{c:>19s}" for c in cells))
+    for pooled in (True, False):
+      print("pooled on the bare table's shape" if pooled else "each entry its own iteration")
+      for group in (int(g) for g in FLAGS.groups):
+        ratios = spread(method, calls, group, (longest, n), pooled)
+        cells = []
+        for k in MENU[1:]:
+          x = np.asarray([r[k] for r in ratios])
+          cells.append(f"{np.median(x):.3f} ({x.min():.3f}-{x.max():.3f})" if len(x) else
+                       "noise")
+        print(f"{group:12d} {len(ratios):6d}  " + "  ".join(f"{c:>19s}" for c in cells))
 
 
 if __name__ == "__main__":
@@ -90,4 +105,5 @@ if __name__ == "__main__":
   flags.DEFINE_list("groups", ["1", "3", "6"], "rounds per simulated calibration")
   flags.DEFINE_list("divisors", ["2"], "the shorter lengths: max_new_tokens over each (the "
                     "calibration's: 2); each priced with max_new_tokens alone")
+  flags.DEFINE_string("calls_out", "", "a JSON file for the timed calls")
   app.run(main)

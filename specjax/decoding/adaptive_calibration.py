@@ -13,20 +13,25 @@ menu held at each entry in turn (a table pricing that entry at 1 and the others 
 rule never leaves it) at two lengths, ``max_new_tokens`` and half of it, the entries and lengths
 alternating so that machine noise hits all alike. A call takes ``F + I_k s_k`` seconds: a fixed
 part ``F`` (prefills, setup; the same executable and prompts for every entry) and ``I_k``
-iterations of ``s_k`` seconds, where ``s_k = b c_k + o_k``: the bare table's price ``c_k`` of
-the entry (``entry_cost`` without the loop) scaled by ``b``, plus the loop's own work an
-iteration, ``o_0`` for plain decoding and one ``o`` for every drafting entry (rollback,
-bookkeeping, the rule). Timed one by one, the entries' iterations scattered 10-20% on a shared
-2-core box (a call's time varies 5-8% there); the three shared parameters pool every call.
-Each call (an entry at a length) is timed ``repeats`` times and its fastest time kept: on a
-shared machine interference only ever slows a call (``timeit``'s minimum; on the benchmark pair
-at batch 4 the same call's three times spread up to 60% on the 2-core box, and the repeats'
-fits, each its own noise, had priced one draft at 1.5-2.3x plain decoding where its bare price
-was 1.4-1.7x). The fastest calls give ``F``, ``b`` and the ``o`` by least squares
-(``fit_loop_seconds``; a menu of three entries or fewer leaves each entry its own ``s_k``), and
-the table's ``loop[k]`` is ``s_k`` in target steps (the table's ``target_step_ms``). No EOS
-stops a row: every call decodes its budget, so the iteration counts differ between the two
-lengths.
+iterations of ``s_k`` seconds. Each call (an entry at a length) is timed ``repeats`` times and
+its fastest time kept: on a shared machine interference only ever slows a call (``timeit``'s
+minimum; on the benchmark pair at batch 4 the same call's three times spread up to 60% on the
+2-core box, and the repeats' fits, each its own noise, had priced one draft at 1.5-2.3x plain
+decoding where its bare price was 1.4-1.7x). The fastest calls give ``F`` and every ``s_k`` by
+least squares (``fit_loop_seconds``), and the table's ``loop[k]`` is ``s_k`` in target steps
+(the table's ``target_step_ms``). No EOS stops a row: every call decodes its budget, so the
+iteration counts differ between the two lengths.
+
+Each entry its own ``s_k``: sessions 43-44 pooled the entries on the bare table's shape
+(``s_k = b c_k + o_k``, ``c_k`` the bare price, ``o`` one value for plain decoding and one for
+every drafting entry; ``priced(pooled=True)``), which also imports that table's own timing noise
+at every entry: on the pair's batch-4 code edits at T = 1 two runs' bare tables priced two drafts
+at 1.09-1.18x one draft, the pooled fits 1.12-1.16x, while the loop's own iterations there ran
+1.39x (the fixed gammas' tokens per second and per iteration); the rule drafted two where one
+paid (0.86x the best fixed gamma). With each call's fastest time kept, an entry's own fit
+scatters about as much as the pooled one between calibrations (that cell, groups of 3 rounds:
+ranges of 11-23% of an entry's price against 12-19%; ``experiments/calibration_spread.py``,
+docs/benchmarks.md, session 45).
 """
 
 from __future__ import annotations
@@ -58,19 +63,20 @@ def held_table(table: CostTable, choices: tuple[int, ...], gamma: int) -> CostTa
 
 
 def fit_loop_seconds(runs: list[tuple[int, int, float]],
-                     bare: dict[int, float]) -> tuple[float, dict[int, float]]:
+                     bare: dict[int, float] | None = None) -> tuple[float, dict[int, float]]:
   """(F, {gamma: s}) from ``runs`` of (gamma, iterations, seconds), by least squares on
-  ``seconds = F + iterations x (b bare[gamma] + o_gamma)``, one fixed part ``F`` shared by every
-  call, ``o_gamma`` one value for plain decoding (``gamma`` 0) and one for every drafting entry
-  (module docstring); ``s`` is each entry's fitted ``b bare[gamma] + o_gamma``. A one-line
-  ValueError when an entry's calls do not differ in iterations (nothing to tell ``F`` from its
-  iterations by)."""
+  ``seconds = F + iterations x s_gamma``, one fixed part ``F`` shared by every call. With
+  ``bare``, ``s_gamma = b bare[gamma] + o_gamma``, ``o_gamma`` one value for plain decoding
+  (``gamma`` 0) and one for every drafting entry (the entries pooled on the bare table's shape);
+  without, each entry's ``s_gamma`` its own (module docstring). A one-line ValueError when an
+  entry's calls do not differ in iterations (nothing to tell ``F`` from its iterations by)."""
   gammas = sorted({g for g, _, _ in runs})
   for g in gammas:
     if len({i for k, i, _ in runs if k == g}) < 2:
       raise ValueError(f"the calls held at {g} drafts all ran the same number of iterations: "
                        f"an iteration's time cannot be told from the fixed part")
-  per_iteration = np.asarray([[bare[g], g == 0, g > 0] for g in gammas], np.float64)
+  per_iteration = (np.eye(len(gammas)) if bare is None else
+                   np.asarray([[bare[g], g == 0, g > 0] for g in gammas], np.float64))
   design = np.asarray([[1.0, *(n * per_iteration[gammas.index(g)])] for g, n, _ in runs])
   seconds = np.asarray([t for _, _, t in runs], np.float64)
   solution = np.linalg.lstsq(design, seconds, rcond=None)[0]
@@ -145,15 +151,16 @@ def timed_calls(method, target, prompts, *, sampling, max_new_tokens: int,
   return calls
 
 
-def priced(method, calls: list[Call]) -> CostTable:
+def priced(method, calls: list[Call], pooled: bool = False) -> CostTable:
   """``method.costs`` with ``loop`` fitted to ``calls``: each (entry, length)'s fastest call
-  (``fit_loop_seconds``), in target steps (module docstring)."""
+  (``fit_loop_seconds``, ``pooled`` on the bare table's shape or each entry its own), in target
+  steps (module docstring)."""
   fastest: dict[tuple[int, int], tuple[float, int]] = {}  # (entry, length): (seconds, iterations)
   for c in calls:
     fastest[c.entry, c.length] = min(fastest.get((c.entry, c.length), (np.inf, 0)),
                                      (c.seconds, c.iterations))
   seconds = fit_loop_seconds([(k, n, t) for (k, _), (t, n) in fastest.items()],
-                             bare_costs(method))[1]
+                             bare_costs(method) if pooled else None)[1]
   unit = method.costs.target_step_ms / 1e3
   loop = {k: s / unit for k, s in seconds.items()}
   bad = {k: v for k, v in loop.items() if not v > 0}
