@@ -8,10 +8,10 @@
 2. Held: a table pricing one entry at 1 and the rest at ``HOLD`` keeps the rule there at every
    iteration (every entry of the menu, plain decoding included), still greedy-exact.
 3. Calibrated: with a clock that charges ``F + iterations x s_k`` a call (the loop's own
-   iteration counts; ``s_k`` off the bare table's shape), slowed 10-50% in all repeats of a call but one (a
-   busy neighbour: the fastest of a call's times is kept), the table's ``loop`` is each ``s_k``
-   in target steps; the costs are traced,
-   so the calibrated method runs the loop the calibration compiled, and it stays greedy-exact.
+   iteration counts; ``s_k`` off the bare table's shape), slowed 10-50% in all repeats of a
+   call but one (a busy neighbour: the fastest of a call's times is kept), the table's ``loop``
+   is each ``s_k`` in target steps; the costs are traced, so the calibrated method runs the loop
+   the calibration compiled, and it stays greedy-exact.
 4. Errors, one line each; a fit of no positive iteration cost raises ``CalibrationNoise``.
 """
 
