@@ -135,7 +135,7 @@ def timed_calls(method, target, prompts, *, sampling, max_new_tokens: int,
     return lambda: generate(target, prompts, held[k], sampling, max_new_tokens=length, key=key,
                             **generate_kwargs)
 
-  for length in lengths:  # compile both loops (the costs are traced: one loop per length)
+  for length in lengths:  # compile the loops (the costs are traced: one loop per length)
     jax.block_until_ready(call(method.choices[0], length)().tokens)
   calls = []
   for r in range(repeats):
