@@ -85,14 +85,11 @@ def main(argv):
   del argv
   import jax
 
-  from experiments import models, runconfig
+  from experiments import models
 
-  try:
-    target, draft, prompts, specs = models.load_pair(
-        FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens,
-        FLAGS.gammas, FLAGS.temperature, max(int(n) for n in FLAGS.lengths))
-  except runconfig.ConfigError as e:
-    raise app.UsageError(str(e)) from None
+  target, draft, prompts, specs = models.load_pair_for_tool(
+      FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.batch_size, FLAGS.prompt_tokens,
+      FLAGS.gammas, FLAGS.temperature, max(int(n) for n in FLAGS.lengths))
   print(f"target {specs['target'].spec} ({target.config.num_params() / 1e6:.2f}M), draft "
         f"{specs['draft'].spec} ({draft.config.num_params() / 1e6:.2f}M); batch "
         f"{FLAGS.batch_size}, temperature {FLAGS.temperature}, max_new_tokens "
