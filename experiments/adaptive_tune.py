@@ -8,7 +8,8 @@ fixed draft length, under one measured cost table: the measurement behind its de
 Each prompt set's first ``num_prompts`` prompts, ``batch_size`` at a time (batch 1: each row's
 choices follow its own text, as in the runner's batch-1 cells). ``--warm`` (default) adds the
 defaults warmed as the runner's cost rule is (``sj.Adaptive.warmed``: every call started from the
-estimates a call on the first batch ended with), for the default drift and each of ``--drifts``.
+estimates a call on the first batch ended with), for the defaults, each of ``--drifts`` and the
+rule with its check of its own model toggled (``correct``; cold and warmed).
 
 Costs. One ``sj.CostTable`` is measured first (the target's passes over 1..G + 1 tokens, the
 draft step and a bare iteration per draft length, jitted and timed side by side at the run's
@@ -148,7 +149,7 @@ def main(argv):
   settings += [dict(forget=float(f)) for f in FLAGS.forgets if float(f) != default.forget]
   settings += [dict(margin=float(m)) for m in FLAGS.margins if float(m) != default.margin]
   drifts = [d for d in FLAGS.drifts if d != default.drift]
-  settings += [dict(drift=d) for d in drifts]
+  settings += [dict(drift=d) for d in drifts] + [dict(correct=not default.correct)]
   settings += [dict(rule=rule) for rule in FLAGS.rules]
   for kwargs in settings:
     menu = tuple(range(1, max(choices) + 1)) if kwargs.get("rule") == "confidence" else choices
@@ -156,15 +157,17 @@ def main(argv):
     out, s = run_one(target, batches, method, FLAGS.max_new_tokens, eos)
     name = "adaptive " + " ".join(f"{k}={v}" for k, v in kwargs.items())
     show(name, out, s, modelled(out, table, method.choices) / ar_rate)
-  for drift in [default.drift] + drifts if FLAGS.warm else ():
+  warm_settings = [{}] + [dict(drift=d) for d in drifts] + [dict(correct=not default.correct)]
+  for kwargs in warm_settings if FLAGS.warm else ():
     # as the runner's adaptive_warm: from where a call on the first batch ended
-    cold = dataclasses.replace(default, drift=drift)
+    cold = dataclasses.replace(default, **kwargs)
     first = sj.generate(target, batches[0], cold, max_new_tokens=FLAGS.max_new_tokens,
                         eos_token_id=eos)
     warm = cold.warmed(first.stats)
     out, s = run_one(target, batches, warm, FLAGS.max_new_tokens, eos)
     prior = " ".join(f"{p:.2f}" for p in warm.prior)
-    show(f"adaptive warmed drift={drift} (prior {prior})", out, s,
+    name = " ".join(f"{k}={v}" for k, v in kwargs.items())
+    show(f"adaptive warmed {name or 'defaults'} (prior {prior})", out, s,
          modelled(out, table, warm.choices) / ar_rate)
   best_fixed = max(v for k, v in rows.items() if k.startswith("speculative"))
   defaults = rows.get(f"adaptive decay={default.decay} prior={options.ADAPTIVE_DEFAULTS['prior']}")

@@ -1117,6 +1117,7 @@ class ErrorTest(absltest.TestCase):
         (dict(method=spec, margin=-0.1, costs=FLAT), "margin must be .* got -0.1"),
         (dict(method=spec, drift="last", costs=FLAT),
          "drift must be one of first, prior, got 'last'"),
+        (dict(method=spec, correct="yes", costs=FLAT), "correct must be True or False, got 'yes'"),
         (dict(method=spec), "rule 'cost' needs costs=sj.CostTable"),
         (dict(method=spec, choices=(0, 1, 6), costs=FLAT), "7"),  # no pass over 7 tokens
         (dict(method=inner["prompt_lookup"], choices=(1, 2), rule="confidence"),

@@ -38,13 +38,16 @@ class Adaptive:
   two observations, then an EMA of weight ``decay``; drift at rate ``forget`` for positions past
   the chosen entry's drafts, toward the row's own first-position estimate or, with
   ``drift="prior"``, back to ``prior``; a skipped draft follows the text and is scored
-  over the plain tokens), keeping the last entry unless the best beats it by the factor
-  ``1 + margin``. ``prior`` is one value, or one per position (the largest choice's many),
-  and counts as two observations plus ``prior_evidence`` (one value or one per position; 0:
-  a guess); ``warmed(stats)`` starts from where an earlier call's estimates ended, with the
-  observations behind them, as a server carries them from request to request, and runs the
-  same compiled loop (both are traced, not compiled in); ``"schedule"`` is
-  Hugging Face's +2/-1 heuristic; ``"confidence"`` stops the draft when its own probability of
+  over the plain tokens), each entry's modelled drafts scaled by what its own recent iterations
+  accepted over what the estimates expected (``correct``, off by default: measured, it helped
+  at batch 4 and cost at batch 1; ``adaptive_model.TALLY_KEEP``), keeping
+  the last entry unless the best beats it by the factor ``1 + margin``. ``prior`` is one
+  value, or one per position (the largest choice's many), and counts as two observations plus
+  ``prior_evidence`` (one value or one per position; 0: a guess); ``warmed(stats)`` starts
+  from where an earlier call's estimates ended, with the observations behind them and the
+  check's tally (``prior_tally``), as a server carries them from request to request, and runs
+  the same compiled loop (all traced, not compiled in); ``"schedule"`` is Hugging Face's +2/-1
+  heuristic; ``"confidence"`` stops the draft when its own probability of
   its guess falls below ``threshold`` (HF's 0.4; draft models only). The choice depends only on
   past iterations and the draft's own proposals, so every rule is lossless (``sj.Sampling``'s
   law, greedy tokens at T = 0).
@@ -61,6 +64,8 @@ class Adaptive:
   margin: float = options.ADAPTIVE_DEFAULTS["margin"]
   drift: str = options.ADAPTIVE_DRIFTS[0]  # "first"
   prior_evidence: float | tuple[float, ...] = 0.0
+  correct: bool = False
+  prior_tally: Any = None  # the check's tally to start from: [made, modelled], K values each
   name = "adaptive"
 
   def __post_init__(self):
@@ -75,6 +80,10 @@ class Adaptive:
         self.prior_evidence, self.gamma, "prior_evidence", options.check_count,
         "a finite number >= 0"))
     check_settings(self.decay, self.forget, self.threshold, self.margin, self.drift)
+    if not isinstance(self.correct, bool):
+      raise ValueError(f"correct must be True or False, got {self.correct!r}")
+    if self.prior_tally is not None:  # None: nothing tallied, for any menu
+      object.__setattr__(self, "prior_tally", check_tally(self.prior_tally, len(self.choices)))
     if self.rule == "confidence" and not isinstance(self.method, (Speculative, SelfSpeculative)):
       raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
                        f"{type(self.method).__name__} has none")
@@ -137,7 +146,8 @@ class Adaptive:
       raise ValueError(f"warmed needs {self.gamma} acceptance estimates (one per position of "
                        f"the largest choice), got {len(values)}: stats of another method?")
     evidence = np.asarray(getattr(stats, "acceptance_evidence", 0.0), np.float64).reshape(-1)
-    return dataclasses.replace(self, prior=values,
+    tally = getattr(stats, "model_tally", None)
+    return dataclasses.replace(self, prior=values, prior_tally=tally,
                                prior_evidence=tuple(float(x) for x in evidence))
 
   def calibrated(self, target: Transformer, prompts, *, sampling, max_new_tokens: int,
@@ -180,10 +190,12 @@ class Adaptive:
         proposers=proposers, choices=self.choices, rule=self.rule,
         decay=float(self.decay), forget=float(self.forget),
         threshold=float(self.threshold), vocab_size=target.config.vocab_size,
-        margin=float(self.margin), shadow=shadow, drift=self.drift), AdaptiveParams(
+        margin=float(self.margin), shadow=shadow, drift=self.drift,
+        correct=self.correct), AdaptiveParams(
             inner=built[-1][1], prior=jnp.asarray(self.prior, jnp.float32),
             evidence=jnp.asarray(self.prior_evidence, jnp.float32),
-            costs=jnp.asarray(costs, jnp.float32))
+            costs=jnp.asarray(costs, jnp.float32),
+            tally=jnp.asarray(check_tally(self.prior_tally, len(self.choices)), jnp.float32))
 
 
 def check_menu(choices, rule: str) -> tuple[int, ...]:
@@ -220,6 +232,22 @@ def per_position(given, depth: int, name: str, check=options.check_unit_number,
   for value in values:
     check(value, name)
   return tuple(float(v) for v in values) * (depth if len(values) == 1 else 1)
+
+
+def check_tally(given, entries: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """``sj.Adaptive``'s ``prior_tally`` (None: nothing tallied) as two tuples of ``entries``
+  finite numbers >= 0 (``DecodeStats.model_tally``'s shape), else a one-line ValueError."""
+  if given is None:
+    return ((0.0,) * entries,) * 2
+  try:
+    values = np.asarray(given, np.float64)
+  except (TypeError, ValueError):
+    values = None
+  if values is None or values.shape != (2, entries) or not np.all(np.isfinite(values)
+                                                                  & (values >= 0)):
+    raise ValueError(f"prior_tally must be 2 x {entries} finite numbers >= 0 (made, modelled: "
+                     f"DecodeStats.model_tally of this menu), got {given!r}")
+  return tuple(tuple(float(x) for x in row) for row in values)
 
 
 def check_settings(decay, forget, threshold, margin=0.0,

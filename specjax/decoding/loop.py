@@ -337,9 +337,9 @@ def decode(target_graphdef, target_state, proposer, proposer_params, prompt, pro
       return carry
 
     _, _, state = jax.lax.while_loop(lambda c: ~jnp.all(c[2].done), sweep, choose(state))
-    estimates, evidence = proposer.estimates(state.proposer)
-    state = state.replace(stats=state.stats.replace(acceptance_estimates=estimates,
-                                                    acceptance_evidence=evidence))
+    estimates, evidence, tally = proposer.estimates(state.proposer)
+    state = state.replace(stats=state.stats.replace(
+        acceptance_estimates=estimates, acceptance_evidence=evidence, model_tally=tally))
   result = state.out[:, :max_new_tokens], state.stats.generated, state.stats
   return result if placement is None else placement.replicate(result)
 

@@ -43,6 +43,9 @@ class DecodeStats:
   acceptance_estimates: jax.Array
   # float32[G] the observations behind each (the rows' mean; ``warmed``'s ``prior_evidence``).
   acceptance_evidence: jax.Array
+  # float32[2, K] its entries' accepted drafts lately and what its estimates expected of them
+  # (``specjax.proposers.adaptive_model.tally``; ``warmed``'s ``prior_tally``; K = 0 if fixed).
+  model_tally: jax.Array
   # "exact" for every lossless method; a lossy verifier's label (Medusa's typical acceptance at
   # T > 0: ``specjax.verify.typical``) otherwise, so no report mistakes its run for a lossless one.
   verifier: str = flax.struct.field(pytree_node=False, default="exact")
@@ -58,7 +61,7 @@ class DecodeStats:
                alpha_sum=jnp.zeros((), jnp.float32), alpha_count=zi(), choice_counts=zi(choices),
                acceptance_estimates=jnp.zeros((gamma if choices else 0,), jnp.float32),
                acceptance_evidence=jnp.zeros((gamma if choices else 0,), jnp.float32),
-               verifier=verifier)
+               model_tally=jnp.zeros((2, choices), jnp.float32), verifier=verifier)
 
   @property
   def acceptance_rate(self) -> float:
@@ -111,4 +114,5 @@ class DecodeStats:
                 choice_counts=[int(x) for x in np.asarray(self.choice_counts)],
                 acceptance_estimates=[float(x) for x in np.asarray(self.acceptance_estimates)],
                 acceptance_evidence=[float(x) for x in np.asarray(self.acceptance_evidence)],
+                model_tally=np.asarray(self.model_tally, np.float64).tolist(),
                 verifier=self.verifier, lossless=self.verifier == "exact")

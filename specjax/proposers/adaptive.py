@@ -26,6 +26,9 @@ Rules (``RULES``):
   tokens 1.24 (measured: rows busy in 0.91-0.96 of iterations at batch 4-8, SmolLM2). The rows'
   estimates are first pulled toward the batch's mean by as much as their own noise explains
   (``shrink``): the least of several noisy estimates is low, and it prices the batch.
+  With ``correct`` (off by default) each entry's modelled drafts are then scaled by what its own
+  recent iterations accepted over what the estimates expected of them (``entry_factors``): a
+  text's misses cluster, which the per-position model does not see.
   ``a_bj`` is a per-row running estimate of the acceptance at position j: a running average (the
   prior, one value per position and an input of the loop (``AdaptiveParams``: a later call can start
   from an earlier one's ``estimates``), counting as ``PRIOR_WEIGHT`` + its evidence, then an
@@ -67,8 +70,9 @@ import jax.numpy as jnp
 
 from specjax import options
 from specjax import sampling as sampling_lib
-from specjax.proposers.adaptive_model import (batch_iterations, menu_moments, observe,
-                                              observe_many, shrink)
+from specjax.proposers.adaptive_model import (batch_iterations, entry_factors, menu_moments,
+                                              observe, observe_many, shrink, tally)
+from specjax.proposers.adaptive_plain import first_level, record_plain
 from specjax.proposers.base import CHAIN, Candidates
 from specjax.proposers.draft_chain import GammaChain
 from specjax.proposers.draft_free import TokenHistory
@@ -107,6 +111,8 @@ class AdaptiveState:
   text: TokenHistory  # the rows' committed text: what a skipped draft catches up with
   acceptance: jax.Array  # float32[B, G] per-row, per-position acceptance estimates
   seen: jax.Array  # float32[B, G] observations behind each estimate
+  made: jax.Array  # float32[K] each entry's accepted drafts, lately (``tally``; rule "cost")
+  modelled: jax.Array  # float32[K] what the estimates expected of those iterations
   shadow: jax.Array  # int32[B, W] guesses a plain iteration scored (draft-free: ``first_level``)
   gamma: jax.Array  # int32[] the schedule's current draft length
   last: jax.Array  # int32[] the previous iteration's menu index (-1 before the first)
@@ -135,6 +141,7 @@ class AdaptiveParams:
   prior: jax.Array  # float32[G] each position's starting estimate and drift target
   evidence: jax.Array  # float32[G] observations the prior counts as, beyond PRIOR_WEIGHT
   costs: jax.Array  # float32[K] entry k's iteration in target steps (rule "cost"; [0] else)
+  tally: jax.Array  # float32[2, K] the entries' tally to start from (``made``, ``modelled``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +163,7 @@ class AdaptiveProposer:
   margin: float = 0.0
   shadow: Any = None
   drift: str = options.ADAPTIVE_DRIFTS[0]  # where untested positions drift (``ADAPTIVE_DRIFTS``)
+  correct: bool = False  # scale each entry's modelled drafts by its realized (``entry_factors``)
   key: tuple = dataclasses.field(init=False, repr=False)
 
   def __post_init__(self):
@@ -219,6 +227,7 @@ class AdaptiveProposer:
         text=TokenHistory.of_prompt(prompt, prompt_lengths, cache_length),
         acceptance=jnp.broadcast_to(params.prior.astype(jnp.float32), (batch, g)),
         seen=jnp.broadcast_to(params.evidence.astype(jnp.float32), (batch, g)),
+        made=params.tally[0].astype(jnp.float32), modelled=params.tally[1].astype(jnp.float32),
         shadow=jnp.full((batch, 1 if self.shadow is None else self.shadow.num_candidates), -1,
                         jnp.int32),
         gamma=jnp.int32(self.choices[-1]),
@@ -247,8 +256,7 @@ class AdaptiveProposer:
       # After a plain iteration plain holds (known statically: the rule is not computed, small
       # kernels that XLA:CPU would run in every plain iteration).
       holds = self.between_iterations and after == 0
-      best = jnp.int32(0) if holds else self.best(params.costs, state.acceptance, state.seen,
-                                                  active, state.last, remaining)
+      best = jnp.int32(0) if holds else self.best_for(params, state, active, remaining)
       if not self.between_iterations:
         return best, state.replace(last=best)
       plain = state.last == 0
@@ -280,25 +288,33 @@ class AdaptiveProposer:
     stays plain puts the next one twice as far off, up to ``LOOK_BACKOFF`` spans, and
     speculating brings the first span back."""
     state = self.look(params, state, pending, sampling, active)
-    best = self.best(params.costs, state.acceptance, state.seen, active, state.last, remaining)
+    best = self.best_for(params, state, active, remaining)
     backed_off = jnp.minimum(2 * state.look_every, LOOK_BACKOFF * self.look_span)
     return best, state.replace(last=best, look_every=jnp.where(best > 0, self.look_span,
                                                                backed_off))
 
+  def best_for(self, params, state: AdaptiveState, active, remaining) -> jax.Array:
+    """``best`` at ``state``'s estimates, entry and (``correct``) ``entry_factors``."""
+    factors = entry_factors(state.made, state.modelled) if self.correct else None
+    return self.best(params.costs, state.acceptance, state.seen, active, state.last, remaining,
+                     factors)
+
   def best(self, costs: jax.Array, acceptance: jax.Array, seen: jax.Array, active: jax.Array,
-           last: jax.Array, remaining: jax.Array) -> jax.Array:
+           last: jax.Array, remaining: jax.Array, factors: jax.Array | None = None) -> jax.Array:
     """int32[]: the entry that decodes the active rows' ``remaining`` tokens (int32[B]) in the
     least modelled time, ``costs[k] x batch_iterations`` at entry k's tokens an iteration
     (rule "cost"; ties: the shorter entry): for one row, the most tokens per unit of cost; for
     a batch, the rows' ragged progress priced in (a row that finishes early idles). Unless it
     beats the ``last`` entry by no more than the factor ``1 + margin`` (hysteresis: estimates
     near a break-even do not flip the choice at every iteration; each switch has costs the
-    model leaves out). The rows' estimates are first
-    ``shrink``-ed toward the batch's mean by what the observations behind them (``seen``,
-    float32[B, G]) leave as noise."""
+    model leaves out). The rows' estimates are first ``shrink``-ed toward the batch's mean by
+    what the observations behind them (``seen``, float32[B, G]) leave as noise; each entry's
+    modelled drafts are then scaled by ``factors`` (float32[K], ``entry_factors``) if given."""
     acceptance = shrink(acceptance, seen, active, self.decay)
     left = jnp.where(active, remaining, 0).astype(jnp.float32)
     mean, variance = menu_moments(acceptance, self.choices)  # [B, K]: every entry at once
+    if factors is not None:
+      mean, variance = 1.0 + factors * (mean - 1.0), factors ** 2 * variance
     iterations = jax.vmap(batch_iterations, (None, 1, 1, None))(left, mean, variance, active)
     score = jnp.sum(left) / (costs * jnp.maximum(iterations, 1e-6))
     top = jnp.argmax(score).astype(jnp.int32)
@@ -376,10 +392,12 @@ class AdaptiveProposer:
     return state.inner if not self.syncs else self.largest.sync(
         params.inner, state.inner, state.text.tokens, state.text.lengths, self.depth)
 
-  def estimates(self, state: AdaptiveState) -> tuple[jax.Array, jax.Array]:
+  def estimates(self, state: AdaptiveState) -> tuple[jax.Array, jax.Array, jax.Array]:
     """float32[G] each: the rows' mean acceptance estimate per position where the call ended,
-    and the observations behind it (a later call's prior and its weight, ``warmed``)."""
-    return jnp.mean(state.acceptance, axis=0), jnp.mean(state.seen, axis=0)
+    and the observations behind it (a later call's prior and its weight, ``warmed``); and
+    float32[2, K] the entries' tally there (``made``; ``modelled``)."""
+    return (jnp.mean(state.acceptance, axis=0), jnp.mean(state.seen, axis=0),
+            jnp.stack([state.made, state.modelled]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -454,6 +472,10 @@ class MenuEntry(GammaChain):
       values = (pos < n[:, None]).astype(jnp.float32) if outcome.accept_prob is None else jnp.pad(
           outcome.accept_prob.astype(jnp.float32), ((0, 0), (0, parent.depth - g)))
       observed = live & (pos < jnp.minimum(n + 1, g)[:, None])
+    made, modelled = state.made, state.modelled
+    if parent.rule == "cost" and parent.correct:  # the model's check, before the update
+      drafts = menu_moments(state.acceptance, (g,))[0][:, 0] - 1.0
+      made, modelled = tally(made, modelled, self.index, n.astype(jnp.float32), drafts, active)
     acceptance, seen = observe(state.acceptance, state.seen, observed, values, parent.decay,
                                drifting, params.prior[None, :], parent.forget, parent.drift)
     gamma = state.gamma
@@ -463,7 +485,7 @@ class MenuEntry(GammaChain):
       gamma = jnp.clip(jnp.where(all_in, gamma + 2, gamma - 1), positive, parent.choices[-1])
     plain_run = state.plain_run + 1 if g == 0 else jnp.int32(0)
     return state.replace(inner=inner, text=text, acceptance=acceptance, seen=seen, gamma=gamma,
-                         plain_run=plain_run)
+                         plain_run=plain_run, made=made, modelled=modelled)
 
 
 def entries_key(proposers: tuple) -> tuple:
@@ -478,43 +500,3 @@ def entries_key(proposers: tuple) -> tuple:
     return (type(p),) + tuple((f.name, getattr(p, f.name)) for f in dataclasses.fields(p)
                               if f.compare and f.name != "graphdef")
   return tuple(entry(p) for p in proposers)
-
-
-def first_level(candidates: Candidates) -> jax.Array:
-  """int32[B, N]: the guesses a plain iteration's token scores (position 0's acceptance), -1
-  elsewhere: a chain's first, a tree's first level (the root's children)."""
-  tokens, tree = candidates.tokens, candidates.structure
-  if tree is None:
-    return tokens[:, :1]
-  root = jnp.asarray(tree.children)[..., 0, :]  # [C] (a static tree) or [B, C] (per row)
-  root = jnp.broadcast_to(root, (tokens.shape[0], root.shape[-1]))
-  first = jnp.any(root[:, :, None] == jnp.arange(tokens.shape[1])[None, None, :], axis=1)
-  return jnp.where(first, tokens, -1)
-
-
-def record_plain(state: AdaptiveState, position: jax.Array, outcome, keep_law) -> dict:
-  """``state``'s ``plain_p`` with the target's probability of the token a plain iteration drew
-  (the new pending token, at text position ``position`` int32[B]) written for the active rows:
-  1 at T = 0 (a mark: the draft's guess is scored by the match), p(x) under the run's law else;
-  and at T > 0 where ``keep_law`` (bool[]), that law into ``plain_laws`` (slot: the position
-  mod its slots) with the position in ``law_cols``. Returns the three fields, new."""
-  sampling = outcome.sampling
-  if sampling is None:
-    raise ValueError("the adaptive look needs the run's sampling in the Outcome")
-  rows = jnp.arange(position.shape[0])
-  laws, law_cols = state.plain_laws, state.law_cols
-  if sampling.is_greedy:
-    p = jnp.ones(position.shape, jnp.float32)
-  else:
-    law = sampling_lib.probabilities(outcome.logits[:, 0], sampling)
-    p = jnp.take_along_axis(law, outcome.next_token[:, None], axis=1)[:, 0]
-    slots = law_cols.shape[1]
-    if slots and law.shape[-1] == laws.shape[-1]:
-      # Inactive rows, and every row unless ``keep_law``, write past the slots: dropped (a
-      # masked write, not a ``lax.cond``, whose operand XLA copied in every plain iteration).
-      slot = jnp.where(outcome.active & keep_law, position % slots, slots)
-      laws = laws.at[rows, slot].set(law, mode="drop")
-      law_cols = law_cols.at[rows, slot].set(position, mode="drop")
-  cols = jnp.where(outcome.active, position, state.plain_p.shape[1])
-  return dict(plain_p=state.plain_p.at[rows, cols].set(p, mode="drop"), plain_laws=laws,
-              law_cols=law_cols)

@@ -39,6 +39,42 @@ def menu_moments(acceptance: jax.Array, gammas: tuple[int, ...]) -> tuple[jax.Ar
   return 1.0 + drafts, jnp.maximum(second - drafts ** 2, 0.0)
 
 
+# The cost rule's check of its own model (``sj.Adaptive(correct=True)``; ``tally``,
+# ``entry_factors``): each entry's modelled accepted drafts are scaled by what its iterations
+# accepted over what the model said they would, over a window of ~1 / (1 - TALLY_KEEP)
+# iterations; an entry's prior factor is the next shorter entry's, counting as TALLY_PRIOR
+# modelled drafts. Per-position estimates price every length as if its iterations started where
+# the observed ones did, but a text's misses cluster (a longer chain's iterations start after a
+# miss more often), and the rule picks long entries when its estimates run high. Off by default:
+# replayed free of timing noise on the benchmark pair (experiments/adaptive_tune.py under the
+# runner's calibrated tables, warmed) it lifted batch-4 Python at T = 0 from 0.935 to 0.977x the
+# best fixed gamma and batch-8 code edits from 0.93 to 0.95x, but cost 3-7% at batch 1, where a
+# row's tally is a fifth as large and as noisy as the bias (docs/benchmarks.md, session 46).
+TALLY_KEEP = 0.98
+TALLY_PRIOR = 4.0
+
+
+def tally(made: jax.Array, modelled: jax.Array, index: int, accepted: jax.Array,
+          drafts: jax.Array, active: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(made, modelled), float32[K] each, after an iteration of menu entry ``index`` (static):
+  both discounted by ``TALLY_KEEP``, then the active rows' (bool[B]) ``accepted`` drafts
+  (float32[B]) and the ``drafts`` the model expected of them (float32[B]) added to the entry's."""
+  w = active.astype(jnp.float32)
+  return (TALLY_KEEP * made).at[index].add(jnp.sum(w * accepted)), (
+      TALLY_KEEP * modelled).at[index].add(jnp.sum(w * drafts))
+
+
+def entry_factors(made: jax.Array, modelled: jax.Array) -> jax.Array:
+  """float32[K]: each entry's accepted over modelled drafts (``tally``'s sums), entry k's
+  shrunk toward entry k - 1's (1 before the first) by ``TALLY_PRIOR`` modelled drafts: an
+  entry not run lately takes the shorter one's."""
+  factors, prior = [], jnp.float32(1.0)
+  for k in range(made.shape[-1]):
+    prior = (made[k] + TALLY_PRIOR * prior) / (modelled[k] + TALLY_PRIOR)
+    factors.append(prior)
+  return jnp.stack(factors)
+
+
 GRID = 32  # points of ``batch_iterations``'s integral (a span of <= 12 standard deviations)
 
 
