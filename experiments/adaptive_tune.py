@@ -14,7 +14,9 @@ rule with its check of its own model toggled (``correct``; cold and warmed).
 Costs. One ``sj.CostTable`` is measured first (the target's passes over 1..G + 1 tokens, the
 draft step and a bare iteration per draft length, jitted and timed side by side at the run's
 batch and a context of the prompts plus half the new tokens); it is printed and saved
-(``--costs_out``), or read back with ``--costs_in`` so that later runs model the same machine.
+(``--costs_out``), or read back with ``--costs_in`` so that later runs model the same machine
+(a saved table, or a runner's results.json: the table its cost rule priced by at T = 0, so that
+a timed cell's choices replay free of timing noise).
 
 Figure of merit. Greedy decoding makes every setting's tokens, iterations and choices a pure
 function of the models, the prompts and the table, so the comparison is free of timing noise:
@@ -22,7 +24,7 @@ modelled throughput = tokens / sum over iterations of the iteration's cost in ta
 fixed gamma: ``entry_cost(gamma)`` per iteration; the adaptive rule: ``sum_k counts_k
 entry_cost(k)`` over its choice histogram), relative to autoregressive decoding's (its tokens
 per ``entry_cost(0)``: the rows still decoding); a skipped draft's catch-up passes are left out
-of it unless the table was calibrated (``--costs_in`` of a runner's calibrated table: every
+of it unless the table was calibrated (``--costs_in`` of a runner's calibrated one: every
 entry at its loop's own iteration, ``sj.Adaptive.calibrated``). Wall clock of one timed call
 per setting is printed beside it (the setting's time over autoregressive decoding's: noisy on a
 shared CPU; the runner's ``configs/adaptive.py`` times them with repeats).
@@ -41,24 +43,50 @@ from absl import app, flags
 from experiments import cost_split  # noqa: F401  (the shared flags: target, draft, prompts, ...)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("max_new_tokens", 64, "new tokens per prompt")
-flags.DEFINE_integer("num_prompts", 0, "prompts of the set to decode, batch_size at a time "
-                     "(0: one batch)")
-flags.DEFINE_list("choices", ["0", "1", "2", "3", "4", "6"], "the adaptive menu")
-flags.DEFINE_list("decays", ["0.1", "0.3", "0.6"], "EMA weights to try")
-flags.DEFINE_list("priors", ["0.3", "0.6", "0.9"], "priors to try")
-flags.DEFINE_list("forgets", ["0.02", "0.05", "0.2"], "drift rates to try (at the default "
-                  "decay and prior)")
-flags.DEFINE_list("margins", ["0.05", "0.1"], "hysteresis margins to try (at the default "
-                  "decay and prior)")
-flags.DEFINE_list("drifts", ["first"], "where untested positions drift, to try (at the other "
-                  "defaults; warmed too with --warm)")
-flags.DEFINE_list("rules", ["schedule", "confidence"], "the other rules to run beside")
-flags.DEFINE_bool("warm", True, "also the defaults warmed (sj.Adaptive.warmed): every call "
-                  "started from the estimates the first batch's call ended with")
-flags.DEFINE_bool("chat_template", False, "wrap the prompts in the tokenizer's chat template")
-flags.DEFINE_string("costs_in", "", "a saved sj.CostTable to model with (skip the measurement)")
-flags.DEFINE_string("costs_out", "", "where to save the measured sj.CostTable")
+
+
+def define_flags() -> None:
+  """This tool's flags (beside ``cost_split``'s shared ones), defined when it runs, so that
+  tests can import it."""
+  flags.DEFINE_integer("max_new_tokens", 64, "new tokens per prompt")
+  flags.DEFINE_integer("num_prompts", 0, "prompts of the set to decode, batch_size at a time "
+                       "(0: one batch)")
+  flags.DEFINE_list("choices", ["0", "1", "2", "3", "4", "6"], "the adaptive menu")
+  flags.DEFINE_list("decays", ["0.1", "0.3", "0.6"], "EMA weights to try")
+  flags.DEFINE_list("priors", ["0.3", "0.6", "0.9"], "priors to try")
+  flags.DEFINE_list("forgets", ["0.02", "0.05", "0.2"], "drift rates to try (at the default "
+                    "decay and prior)")
+  flags.DEFINE_list("margins", ["0.05", "0.1"], "hysteresis margins to try (at the default "
+                    "decay and prior)")
+  flags.DEFINE_list("drifts", ["first"], "where untested positions drift, to try (at the other "
+                    "defaults; warmed too with --warm)")
+  flags.DEFINE_list("rules", ["schedule", "confidence"], "the other rules to run beside")
+  flags.DEFINE_bool("warm", True, "also the defaults warmed (sj.Adaptive.warmed): every call "
+                    "started from the estimates the first batch's call ended with")
+  flags.DEFINE_bool("chat_template", False, "wrap the prompts in the tokenizer's chat template")
+  flags.DEFINE_string("costs_in", "", "a saved sj.CostTable to model with (skip the "
+                        "measurement), or a runner's results.json (``table_from``)")
+  flags.DEFINE_string("costs_out", "", "where to save the measured sj.CostTable")
+
+
+def table_from(path: str, temperature: float = 0.0):
+  """``--costs_in``'s ``sj.CostTable``: a saved table, or a runner's results.json, whose first
+  cost-rule setting at ``temperature`` holds the table its rule priced by (the calibrated one
+  where the run calibrated); errors name the path."""
+  import specjax as sj
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except (OSError, ValueError):
+    return sj.CostTable.load(path)  # its errors name the path and what is wrong
+  if not isinstance(data, dict) or "settings" not in data:
+    return sj.CostTable.load(path)
+  tables = [s["cost_table"] for s in data["settings"] if s.get("rule") == "cost"
+            and s.get("temperature") == temperature and s.get("cost_table")]
+  if not tables:
+    raise ValueError(f"{path}: a results.json without a cost-rule setting at T = "
+                     f"{temperature:g}")
+  return sj.CostTable.from_dict(tables[0])
 
 
 @dataclasses.dataclass
@@ -117,7 +145,10 @@ def main(argv):
   batches = [prompts[i:i + size] for i in range(0, len(prompts), size)]
   eos = getattr(target.config, "eos_token_id", None)
   if FLAGS.costs_in:
-    table = sj.CostTable.load(FLAGS.costs_in)
+    try:
+      table = table_from(FLAGS.costs_in)
+    except (OSError, ValueError) as error:
+      raise app.UsageError(str(error)) from None
   else:
     context = int(np.mean([len(p) for p in prompts])) + FLAGS.max_new_tokens // 2
     table = sj.CostTable.measure(
@@ -176,4 +207,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

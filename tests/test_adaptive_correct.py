@@ -5,6 +5,9 @@ estimates expected of them."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -134,6 +137,38 @@ class WarmTest(absltest.TestCase):
                 "some", [[1.0], [1.0, 2.0]]):
       with self.assertRaisesRegex(ValueError, "prior_tally must be 2 x 4 finite numbers >= 0"):
         sj.Adaptive(spec, choices=MENU, costs=table(), prior_tally=bad)
+
+
+class TuneTableTest(absltest.TestCase):
+
+  def test_costs_in_reads_a_table_or_a_runners_results(self):
+    """``experiments/adaptive_tune.py --costs_in``: a saved table, or a runner's results.json
+    (its cost-rule setting's table at T = 0); what is neither fails naming the path."""
+    from experiments import adaptive_tune
+    hand = table()
+    calibrated = dataclasses.replace(hand, loop={0: 1.0, 1: 1.4, 2: 1.8, 3: 2.2})
+    settings = [dict(method="speculative", temperature=0.0),
+                dict(method="adaptive", rule="cost", temperature=1.0, cost_table=hand.to_dict()),
+                dict(method="adaptive", rule="cost", temperature=0.0,
+                     cost_table=calibrated.to_dict())]
+    with tempfile.TemporaryDirectory() as tmp:
+      def write(name, text):
+        with open(os.path.join(tmp, name), "w") as f:
+          f.write(text)
+        return os.path.join(tmp, name)
+      saved = os.path.join(tmp, "table.json")
+      hand.save(saved)
+      self.assertEqual(adaptive_tune.table_from(saved).to_dict(), hand.to_dict())
+      path = write("results.json", json.dumps(dict(settings=settings)))
+      self.assertEqual(adaptive_tune.table_from(path).to_dict(), calibrated.to_dict())
+      self.assertEqual(adaptive_tune.table_from(path, 1.0).to_dict(), hand.to_dict())
+      bare = write("bare.json", json.dumps(dict(settings=settings[:1])))
+      with self.assertRaisesRegex(ValueError, "bare.json: a results.json without a cost-rule"):
+        adaptive_tune.table_from(bare)
+      with self.assertRaisesRegex(FileNotFoundError, "missing.json"):
+        adaptive_tune.table_from(os.path.join(tmp, "missing.json"))
+      with self.assertRaisesRegex(ValueError, "junk.json: not JSON"):
+        adaptive_tune.table_from(write("junk.json", "{"))
 
 
 class GreedyTest(absltest.TestCase):

@@ -48,8 +48,9 @@ def menu_moments(acceptance: jax.Array, gammas: tuple[int, ...]) -> tuple[jax.Ar
 # miss more often), and the rule picks long entries when its estimates run high. Off by default:
 # replayed free of timing noise on the benchmark pair (experiments/adaptive_tune.py under the
 # runner's calibrated tables, warmed) it lifted batch-4 Python at T = 0 from 0.935 to 0.977x the
-# best fixed gamma and batch-8 code edits from 0.93 to 0.95x, but cost 3-7% at batch 1, where a
-# row's tally is a fifth as large and as noisy as the bias (docs/benchmarks.md, session 46).
+# best fixed gamma and batch-8 code edits from 0.93 to 0.95x, but cost 2-7% at batch 1, where a
+# row's tally is as noisy as the bias, and 5% on SmolLM2's batch-4 code edits (docs/benchmarks.md,
+# session 46).
 TALLY_KEEP = 0.98
 TALLY_PRIOR = 4.0
 
