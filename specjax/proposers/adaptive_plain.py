@@ -25,8 +25,9 @@ def first_level(candidates: Candidates) -> jax.Array:
 
 
 def record_plain(state, position: jax.Array, outcome, keep_law) -> dict:
-  """``state``'s ``plain_p`` with the target's probability of the token a plain iteration drew
-  (the new pending token, at text position ``position`` int32[B]) written for the active rows:
+  """``state``'s (an ``AdaptiveState``) ``plain_p`` with the target's probability of the token
+  a plain iteration drew (the new pending token, at text position ``position`` int32[B])
+  written for the active rows:
   1 at T = 0 (a mark: the draft's guess is scored by the match), p(x) under the run's law else;
   and at T > 0 where ``keep_law`` (bool[]), that law into ``plain_laws`` (slot: the position
   mod its slots) with the position in ``law_cols``. Returns the three fields, new."""
