@@ -171,6 +171,25 @@ class TuneTableTest(absltest.TestCase):
         adaptive_tune.table_from(write("junk.json", "{"))
 
 
+class MatchRunsTest(absltest.TestCase):
+
+  def test_chain_iterations_and_models_by_hand(self):
+    """``experiments/match_runs.py``: over the matches 1 1 0 1 | 0 1, gamma 2 runs iterations
+    at 0 (2 drafts and the bonus: 3 tokens), 3 (1, then the miss: 2), 5 (the last: 1 token, the
+    text ends), and in the second sequence at 0 (a miss: 1) and 1 (1 token): 8 tokens in 5
+    iterations, 4 of whose first drafts matched, 2 starting right after a miss."""
+    from experiments import match_runs
+    m = [np.asarray([1, 1, 0, 1, 0, 1]), np.asarray([0, 1])]
+    got = match_runs.chain_iterations(m, 2)
+    np.testing.assert_allclose(got, (8 / 5, 4 / 5, 2 / 5))
+    self.assertEqual(match_runs.chain_iterations([np.ones(6, int)], 1), (2.0, 1.0, 0.0))
+    self.assertAlmostEqual(match_runs.iid_tokens(0.5, 2), 1.75)
+    self.assertAlmostEqual(match_runs.markov_tokens(0.5, 0.8, 2), 1 + 0.5 + 0.4)
+    stay, recover = match_runs.transitions(m)  # pairs: 11 10 01 10 01 | 01
+    self.assertAlmostEqual(stay, 1 / 3)
+    self.assertAlmostEqual(recover, 1.0)
+
+
 class GreedyTest(absltest.TestCase):
 
   def test_both_settings_match_autoregressive_and_the_check_changes_the_run(self):

@@ -27,8 +27,8 @@ Rules (``RULES``):
   estimates are first pulled toward the batch's mean by as much as their own noise explains
   (``shrink``): the least of several noisy estimates is low, and it prices the batch.
   With ``correct`` (off by default) each entry's modelled drafts are then scaled by what its own
-  recent iterations accepted over what the estimates expected of them (``entry_factors``): a
-  text's misses cluster, which the per-position model does not see.
+  recent iterations accepted over what the estimates expected of them (``entry_factors``):
+  where a length's iterations fall in the text, which the per-position model does not see.
   ``a_bj`` is a per-row running estimate of the acceptance at position j: a running average (the
   prior, one value per position and an input of the loop (``AdaptiveParams``: a later call can start
   from an earlier one's ``estimates``), counting as ``PRIOR_WEIGHT`` + its evidence, then an

@@ -44,8 +44,10 @@ def menu_moments(acceptance: jax.Array, gammas: tuple[int, ...]) -> tuple[jax.Ar
 # accepted over what the model said they would, over a window of ~1 / (1 - TALLY_KEEP)
 # iterations; an entry's prior factor is the next shorter entry's, counting as TALLY_PRIOR
 # modelled drafts. Per-position estimates price every length as if its iterations started where
-# the observed ones did, but a text's misses cluster (a longer chain's iterations start after a
-# miss more often), and the rule picks long entries when its estimates run high. Off by default:
+# the observed ones did, but where a length's iterations fall in the text is its own
+# (experiments/match_runs.py: gamma 3 on the benchmark pair's Python, T = 0, 2.77 tokens an
+# iteration where the iid and a Markov model of the matches say 2.94-2.96), and the rule picks
+# long entries when its estimates run high. Off by default:
 # replayed free of timing noise on the benchmark pair (experiments/adaptive_tune.py under the
 # runner's calibrated tables, warmed) it lifted batch-4 Python at T = 0 from 0.935 to 0.977x the
 # best fixed gamma and batch-8 code edits from 0.93 to 0.95x, but cost 2-7% at batch 1, where a
