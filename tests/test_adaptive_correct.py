@@ -12,6 +12,7 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest
 
 import specjax as sj
@@ -103,6 +104,7 @@ class CommitTest(absltest.TestCase):
 
 class WarmTest(absltest.TestCase):
 
+  @pytest.mark.slow  # ~20 s (a compiled loop); the option is off by default
   def test_warmed_carries_the_tally_in_the_same_compiled_loop(self):
     """``DecodeStats.model_tally`` is where the call's tally ended (its summary too);
     ``warmed`` starts the next call from it (``prior_tally``, traced: no new compilation), and
@@ -192,6 +194,7 @@ class MatchRunsTest(absltest.TestCase):
 
 class GreedyTest(absltest.TestCase):
 
+  @pytest.mark.slow  # ~35 s (two compiled loops); the option is off by default
   def test_both_settings_match_autoregressive_and_the_check_changes_the_run(self):
     """Greedy tokens equal autoregressive decoding's with and without the check, on a menu that
     switches; the check's factors change the choices of the same run (a draft whose longer
