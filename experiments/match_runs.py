@@ -10,12 +10,12 @@ accepted draft is the target's token), so one teacher-forced draft pass over eac
 greedy continuation gives the match sequence m_t, and every fixed gamma's iterations follow from
 it exactly (``chain_iterations``: an iteration at t accepts the run of matches from t, at most
 gamma, then emits one token; none past the text's end). Beside each gamma's real tokens an
-iteration: Leviathan et al.'s iid model at the match rate (what the cost rule's per-position
-estimates assume), and a
-first-order Markov model of the matches (P(match | match before), P(match | miss before), each
-iteration started from its real start state: after a miss, P(match | miss before); after a full
-acceptance, whose last token the draft never guessed, the match rate), to see whether clustered
-misses explain the gap.
+iteration: Leviathan et al.'s iid model at the match rate
+(``metrics.expected_tokens_per_iteration``: what the cost rule's per-position estimates
+assume), and a first-order Markov model of the matches (P(match | match before), P(match |
+miss before), each iteration started from its real start state: after a miss, P(match | miss
+before); after a full acceptance, whose last token the draft never guessed, the match rate),
+to see whether clustered misses explain the gap.
 """
 
 from __future__ import annotations
@@ -45,11 +45,6 @@ def chain_iterations(matches: list[np.ndarray], gamma: int) -> tuple[float, floa
   return tokens / iterations, firsts / iterations, after_miss / iterations
 
 
-def iid_tokens(alpha: float, gamma: int) -> float:
-  """Leviathan et al. 2023, Eq. 1: ``(1 - alpha^(gamma + 1)) / (1 - alpha)``."""
-  return float(sum(alpha ** i for i in range(gamma + 1)))
-
-
 def markov_tokens(first: float, stay: float, gamma: int) -> float:
   """Expected tokens of an iteration whose first draft matches with probability ``first`` and
   each later one, after a match, with ``stay``."""
@@ -73,6 +68,7 @@ def main(argv):
 
   import specjax as sj
   from experiments import models
+  from specjax import metrics
   from specjax.models.transformer import forward
   target, draft, prompts, _ = models.load_pair_for_tool(
       FLAGS.target, FLAGS.draft, FLAGS.prompts, FLAGS.num_prompts, FLAGS.prompt_tokens, (1,),
@@ -92,8 +88,8 @@ def main(argv):
     real, first, after_miss = chain_iterations(matches, gamma)
     markov = (after_miss * markov_tokens(recover, stay, gamma)
               + (1 - after_miss) * markov_tokens(rate, stay, gamma))
-    print(f"{gamma:5d} {real:6.3f} {iid_tokens(rate, gamma):6.3f} {markov:6.3f} {first:6.3f} "
-          f"{after_miss:10.2f}")
+    iid = metrics.expected_tokens_per_iteration(rate, gamma)
+    print(f"{gamma:5d} {real:6.3f} {iid:6.3f} {markov:6.3f} {first:6.3f} {after_miss:10.2f}")
 
 
 if __name__ == "__main__":

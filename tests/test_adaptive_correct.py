@@ -16,6 +16,7 @@ import pytest
 from absl.testing import absltest
 
 import specjax as sj
+from specjax import metrics
 from specjax.decoding import loop
 from specjax.proposers import adaptive_model
 from specjax.proposers.base import Outcome
@@ -185,7 +186,7 @@ class MatchRunsTest(absltest.TestCase):
     got = match_runs.chain_iterations(m, 2)
     np.testing.assert_allclose(got, (8 / 5, 4 / 5, 2 / 5))
     self.assertEqual(match_runs.chain_iterations([np.ones(6, int)], 1), (2.0, 1.0, 0.0))
-    self.assertAlmostEqual(match_runs.iid_tokens(0.5, 2), 1.75)
+    self.assertAlmostEqual(metrics.expected_tokens_per_iteration(0.5, 2), 1.75)  # its iid
     self.assertAlmostEqual(match_runs.markov_tokens(0.5, 0.8, 2), 1 + 0.5 + 0.4)
     stay, recover = match_runs.transitions(m)  # pairs: 11 10 01 10 01 | 01
     self.assertAlmostEqual(stay, 1 / 3)
