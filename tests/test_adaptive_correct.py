@@ -34,9 +34,9 @@ KEEP, PRIOR = adaptive_model.TALLY_KEEP, adaptive_model.TALLY_PRIOR
 class FactorTest(absltest.TestCase):
 
   def test_tally_discounts_every_entry_and_adds_to_the_one_run(self):
-    made, modelled = jnp.asarray([0.0, 2.0, 4.0]), jnp.asarray([0.0, 3.0, 5.0])
+    sums = jnp.asarray([[0.0, 2.0, 4.0], [0.0, 3.0, 5.0]])  # made; modelled
     active = jnp.asarray([True, False, True])
-    got = adaptive_model.tally(made, modelled, 1, jnp.asarray([1.0, 9.0, 2.0]),
+    got = adaptive_model.tally(sums, 1, jnp.asarray([1.0, 9.0, 2.0]),
                                jnp.asarray([1.5, 9.0, 1.0]), active)
     np.testing.assert_allclose(got[0], [0.0, KEEP * 2.0 + 3.0, KEEP * 4.0], rtol=1e-6)
     np.testing.assert_allclose(got[1], [0.0, KEEP * 3.0 + 2.5, KEEP * 5.0], rtol=1e-6)
@@ -45,11 +45,11 @@ class FactorTest(absltest.TestCase):
     """Entry 0 (plain: no drafts) and an entry with no tally take the next shorter entry's
     factor (1 before the first); an entry with a tally its ratio, pulled toward that prior by
     ``TALLY_PRIOR`` modelled drafts."""
-    made, modelled = jnp.asarray([0.0, 0.0, 8.0, 0.0]), jnp.asarray([0.0, 0.0, 16.0, 0.0])
-    got = np.asarray(adaptive_model.entry_factors(made, modelled))
+    sums = jnp.asarray([[0.0, 0.0, 8.0, 0.0], [0.0, 0.0, 16.0, 0.0]])
+    got = np.asarray(adaptive_model.entry_factors(sums))
     two = (8.0 + PRIOR) / (16.0 + PRIOR)
     np.testing.assert_allclose(got, [1.0, 1.0, two, two], rtol=1e-6)
-    much = adaptive_model.entry_factors(jnp.asarray([0.0, 900.0]), jnp.asarray([0.0, 1000.0]))
+    much = adaptive_model.entry_factors(jnp.asarray([[0.0, 900.0], [0.0, 1000.0]]))
     np.testing.assert_allclose(much, [1.0, (900 + PRIOR) / (1000 + PRIOR)], rtol=1e-6)
 
   def test_factors_move_the_choice(self):
@@ -99,8 +99,8 @@ class CommitTest(absltest.TestCase):
           want = ([0, 0, 1.0, 0], [0, 0, 0.78, 0]) if correct else ([0] * 4, [0] * 4)
         else:
           want = tuple(np.asarray(w) * KEEP for w in want)
-        np.testing.assert_allclose(state.made, want[0], rtol=1e-5, err_msg=f"{correct} {g}")
-        np.testing.assert_allclose(state.modelled, want[1], rtol=1e-5, err_msg=f"{correct} {g}")
+        np.testing.assert_allclose(state.tally[0], want[0], rtol=1e-5, err_msg=f"{correct} {g}")
+        np.testing.assert_allclose(state.tally[1], want[1], rtol=1e-5, err_msg=f"{correct} {g}")
 
 
 class WarmTest(absltest.TestCase):
@@ -123,7 +123,7 @@ class WarmTest(absltest.TestCase):
     np.testing.assert_allclose(warm.prior_tally, tally, rtol=1e-6)
     proposer, params = warm.proposer(target)
     state = proposer.prefill(params, jnp.asarray(prompts[1:]), jnp.asarray([4]), 32)
-    np.testing.assert_allclose(np.stack([state.made, state.modelled]), tally, rtol=1e-6)
+    np.testing.assert_allclose(state.tally, tally, rtol=1e-6)
     compiled = loop.decode_jit._cache_size()
     again = sj.generate(target, prompts, warm, max_new_tokens=24)
     self.assertEqual(loop.decode_jit._cache_size(), compiled)

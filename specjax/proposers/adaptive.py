@@ -111,8 +111,9 @@ class AdaptiveState:
   text: TokenHistory  # the rows' committed text: what a skipped draft catches up with
   acceptance: jax.Array  # float32[B, G] per-row, per-position acceptance estimates
   seen: jax.Array  # float32[B, G] observations behind each estimate
-  made: jax.Array  # float32[K] each entry's accepted drafts, lately (``tally``; rule "cost")
-  modelled: jax.Array  # float32[K] what the estimates expected of those iterations
+  # float32[2, K] each entry's accepted drafts lately and what the estimates expected of them
+  # (``tally``; rule "cost" with ``correct``)
+  tally: jax.Array
   shadow: jax.Array  # int32[B, W] guesses a plain iteration scored (draft-free: ``first_level``)
   gamma: jax.Array  # int32[] the schedule's current draft length
   last: jax.Array  # int32[] the previous iteration's menu index (-1 before the first)
@@ -141,7 +142,7 @@ class AdaptiveParams:
   prior: jax.Array  # float32[G] each position's starting estimate and drift target
   evidence: jax.Array  # float32[G] observations the prior counts as, beyond PRIOR_WEIGHT
   costs: jax.Array  # float32[K] entry k's iteration in target steps (rule "cost"; [0] else)
-  tally: jax.Array  # float32[2, K] the entries' tally to start from (``made``, ``modelled``)
+  tally: jax.Array  # float32[2, K] the entries' tally to start from (``AdaptiveState.tally``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +228,7 @@ class AdaptiveProposer:
         text=TokenHistory.of_prompt(prompt, prompt_lengths, cache_length),
         acceptance=jnp.broadcast_to(params.prior.astype(jnp.float32), (batch, g)),
         seen=jnp.broadcast_to(params.evidence.astype(jnp.float32), (batch, g)),
-        made=params.tally[0].astype(jnp.float32), modelled=params.tally[1].astype(jnp.float32),
+        tally=params.tally.astype(jnp.float32),
         shadow=jnp.full((batch, 1 if self.shadow is None else self.shadow.num_candidates), -1,
                         jnp.int32),
         gamma=jnp.int32(self.choices[-1]),
@@ -295,7 +296,7 @@ class AdaptiveProposer:
 
   def best_for(self, params, state: AdaptiveState, active, remaining) -> jax.Array:
     """``best`` at ``state``'s estimates, entry and (``correct``) ``entry_factors``."""
-    factors = entry_factors(state.made, state.modelled) if self.correct else None
+    factors = entry_factors(state.tally) if self.correct else None
     return self.best(params.costs, state.acceptance, state.seen, active, state.last, remaining,
                      factors)
 
@@ -395,9 +396,8 @@ class AdaptiveProposer:
   def estimates(self, state: AdaptiveState) -> tuple[jax.Array, jax.Array, jax.Array]:
     """float32[G] each: the rows' mean acceptance estimate per position where the call ended,
     and the observations behind it (a later call's prior and its weight, ``warmed``); and
-    float32[2, K] the entries' tally there (``made``; ``modelled``)."""
-    return (jnp.mean(state.acceptance, axis=0), jnp.mean(state.seen, axis=0),
-            jnp.stack([state.made, state.modelled]))
+    float32[2, K] the entries' tally there (``AdaptiveState.tally``)."""
+    return jnp.mean(state.acceptance, axis=0), jnp.mean(state.seen, axis=0), state.tally
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,10 +472,10 @@ class MenuEntry(GammaChain):
       values = (pos < n[:, None]).astype(jnp.float32) if outcome.accept_prob is None else jnp.pad(
           outcome.accept_prob.astype(jnp.float32), ((0, 0), (0, parent.depth - g)))
       observed = live & (pos < jnp.minimum(n + 1, g)[:, None])
-    made, modelled = state.made, state.modelled
+    sums = state.tally
     if parent.rule == "cost" and parent.correct:  # the model's check, before the update
       drafts = menu_moments(state.acceptance, (g,))[0][:, 0] - 1.0
-      made, modelled = tally(made, modelled, self.index, n.astype(jnp.float32), drafts, active)
+      sums = tally(sums, self.index, n.astype(jnp.float32), drafts, active)
     acceptance, seen = observe(state.acceptance, state.seen, observed, values, parent.decay,
                                drifting, params.prior[None, :], parent.forget, parent.drift)
     gamma = state.gamma
@@ -485,7 +485,7 @@ class MenuEntry(GammaChain):
       gamma = jnp.clip(jnp.where(all_in, gamma + 2, gamma - 1), positive, parent.choices[-1])
     plain_run = state.plain_run + 1 if g == 0 else jnp.int32(0)
     return state.replace(inner=inner, text=text, acceptance=acceptance, seen=seen, gamma=gamma,
-                         plain_run=plain_run, made=made, modelled=modelled)
+                         plain_run=plain_run, tally=sums)
 
 
 def entries_key(proposers: tuple) -> tuple:

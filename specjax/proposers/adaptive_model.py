@@ -57,20 +57,22 @@ TALLY_KEEP = 0.98
 TALLY_PRIOR = 4.0
 
 
-def tally(made: jax.Array, modelled: jax.Array, index: int, accepted: jax.Array,
-          drafts: jax.Array, active: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(made, modelled), float32[K] each, after an iteration of menu entry ``index`` (static):
-  both discounted by ``TALLY_KEEP``, then the active rows' (bool[B]) ``accepted`` drafts
-  (float32[B]) and the ``drafts`` the model expected of them (float32[B]) added to the entry's."""
+def tally(sums: jax.Array, index: int, accepted: jax.Array, drafts: jax.Array,
+          active: jax.Array) -> jax.Array:
+  """float32[2, K]: ``sums`` (each entry's accepted drafts lately; what the estimates expected
+  of them) after an iteration of menu entry ``index`` (static): discounted by ``TALLY_KEEP``,
+  then the active rows' (bool[B]) ``accepted`` drafts (float32[B]) and the ``drafts`` the model
+  expected of them (float32[B]) added to the entry's."""
   w = active.astype(jnp.float32)
-  return (TALLY_KEEP * made).at[index].add(jnp.sum(w * accepted)), (
-      TALLY_KEEP * modelled).at[index].add(jnp.sum(w * drafts))
+  return (TALLY_KEEP * sums).at[:, index].add(
+      jnp.stack([jnp.sum(w * accepted), jnp.sum(w * drafts)]))
 
 
-def entry_factors(made: jax.Array, modelled: jax.Array) -> jax.Array:
-  """float32[K]: each entry's accepted over modelled drafts (``tally``'s sums), entry k's
+def entry_factors(sums: jax.Array) -> jax.Array:
+  """float32[K]: each entry's accepted over modelled drafts (``tally``'s ``sums``), entry k's
   shrunk toward entry k - 1's (1 before the first) by ``TALLY_PRIOR`` modelled drafts: an
   entry not run lately takes the shorter one's."""
+  made, modelled = sums
   factors, prior = [], jnp.float32(1.0)
   for k in range(made.shape[-1]):
     prior = (made[k] + TALLY_PRIOR * prior) / (modelled[k] + TALLY_PRIOR)
