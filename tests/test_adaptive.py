@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
+import pytest
 
 import specjax as sj
 from specjax import metrics
@@ -103,9 +104,17 @@ class GreedyTest(parameterized.TestCase):
       ("speculative_cost", "speculative", "cost"),
       ("speculative_confidence", "speculative", "confidence"),
       ("prompt_lookup_cost", "prompt_lookup", "cost"),
-      ("jacobi_schedule", "jacobi", "schedule"),
-      ("speculative_cost_drift_prior", "speculative", "cost", "prior"))
-  def test_matches_autoregressive(self, name, rule, drift="first"):
+      ("jacobi_schedule", "jacobi", "schedule"))
+  def test_matches_autoregressive(self, name, rule):
+    self.check_matches_autoregressive(name, rule)
+
+  @pytest.mark.slow  # ~12 s; the default drift stays in the default run
+  def test_matches_autoregressive_with_the_prior_drift(self):
+    self.check_matches_autoregressive("speculative", "cost", drift="prior")
+
+  def check_matches_autoregressive(self, name, rule, drift="first"):
+    """A ragged batch (row 0 stops at EOS early) returns ``Autoregressive``'s tokens; the
+    histogram counts every iteration once."""
     target, inner = methods()
     choices = MENU[1:] if rule == "confidence" else MENU
     method = sj.Adaptive(inner[name], choices=choices, costs=table(), rule=rule, drift=drift)
@@ -130,12 +139,10 @@ class GreedyTest(parameterized.TestCase):
     self.assertGreaterEqual(int(np.sum(counts > 0)), 2, msg=str(counts))
     self.assertGreater(int(np.sum(out.stats.accepted)), 0)
 
-  @parameterized.named_parameters(("static", "static"), ("dynamic", "dynamic"),
-                                  ("spectr", "spectr"))
-  def test_draft_tree_menu_matches_autoregressive(self, kind):
-    """``TreeSpeculative``'s static and dynamic trees and SpecTr's 2 chains cut to depths 1-3:
-    a ragged batch (row 2 stops at EOS early) returns ``Autoregressive``'s tokens through more
-    than one entry, plain decoding among them (the skipped draft catching up)."""
+  def test_draft_tree_menu_matches_autoregressive(self, kind="static"):
+    """``TreeSpeculative``'s static tree (and, slow, its dynamic tree and SpecTr's 2 chains) cut
+    to depths 1-3: a ragged batch (row 2 stops at EOS early) returns ``Autoregressive``'s tokens
+    through more than one entry, plain decoding among them (the skipped draft catching up)."""
     draft = noisy_copy(TF_CONFIG, 0)
     trees = (sj.SpecTr(draft, num_drafts=2, gamma=3) if kind == "spectr" else
              sj.TreeSpeculative(draft, DRAFT_TREES[kind]))
@@ -143,6 +150,12 @@ class GreedyTest(parameterized.TestCase):
                                                   costs=tree_table(0.15, 0.05)))
     self.assertGreater(counts[0], 0, msg=str(counts))
     self.assertGreater(counts[1:].sum(), 0, msg=str(counts))
+
+  @pytest.mark.slow  # ~35 s: two more trees' menus; the static tree's stays in the default run
+  def test_dynamic_and_spectr_draft_tree_menus_match_autoregressive(self):
+    for kind in ("dynamic", "spectr"):
+      with self.subTest(kind):
+        self.test_draft_tree_menu_matches_autoregressive(kind)
 
   def greedy_tree_menu(self, method):
     """(output, choice histogram) of ``method`` on a ragged batch (row 2 stops at EOS after two
@@ -176,6 +189,7 @@ class ChoiceTest(absltest.TestCase):
     self.assertEqual(counts[:3].sum(), 0, msg=str(counts))
     self.assertEqual(int(np.sum(out.stats.accepted)), int(np.sum(out.stats.proposed)))
 
+  @pytest.mark.slow  # ~10 s: two compiled loops
   def test_warns_when_its_table_was_timed_at_another_sampling(self):
     """Sampled iterations cost more than greedy ones: a run whose sampling is not the cost
     table's gets a warning saying so (greedy settings that differ only in top-k are alike)."""
@@ -234,6 +248,7 @@ class ChoiceTest(absltest.TestCase):
     stale = run(S(1.0), (draft_chain, "sync", no_catch_up))
     self.assertLess(stale.stats.expected_alpha, 0.999)
 
+  @pytest.mark.slow  # ~48 s; the chain draft's catch-up stays in the default run
   def test_skipped_tree_draft_catches_up(self):
     """A draft-model tree's skipped draft: ``sync`` feeds its cache the committed text it lacks
     (static and dynamic trees' proposers; keys and values equal to one pass over the text);
@@ -304,6 +319,7 @@ class ChoiceTest(absltest.TestCase):
         target, draft, method, chain_value)
     self.check_look_schedule(target, draft, proposer, params, state, pending, active, lengths)
 
+  @pytest.mark.slow  # ~26 s; the chain draft's look stays in the default run
   def test_look_scores_a_trees_first_level(self):
     """A draft-model tree's look: where the first level is the draft's guesses of given ranks
     (top-k children at any temperature, every tree at T = 0), a guess scores whether the
@@ -457,6 +473,7 @@ class ChoiceTest(absltest.TestCase):
                           jnp.full((3,), 64, jnp.int32))
     self.assertEqual((int(index), int(after.look_every)), (3, span))
 
+  @pytest.mark.slow  # ~37 s: three compiled loops
   def test_each_entry_draws_its_own_keys(self):
     """The loop hands ``choose`` keys only where it drafts (the confidence rule); otherwise the
     entry chosen draws its own, as many as it uses (a plain iteration: one, not the largest
@@ -580,6 +597,7 @@ class ChoiceTest(absltest.TestCase):
       np.testing.assert_allclose(got, [[ema(0.2), 0.3, to_first(ema(0.2))],
                                        [ema(0.6), ema(0.7), to_first(ema(0.6))]], rtol=1e-6)
 
+  @pytest.mark.slow  # ~12 s; the chain's observations stay in the default run
   def test_a_tree_entry_observes_the_levels_it_reached(self):
     """A tree menu (Retrieval cut to depths): after a 2-deep tree the levels whose test ran take
     an EMA step to whether they were reached (the tree rules give no acceptance probability),
@@ -638,6 +656,7 @@ class ChoiceTest(absltest.TestCase):
                           jnp.asarray([64]))
       self.assertEqual(int(got), want, msg=f"margin {margin}, last {last}")
 
+  @pytest.mark.slow  # ~22 s; the schedule's law and greedy runs stay in the default run
   def test_schedule_moves_plus_two_minus_one(self):
     target = random_transformer(TF_CONFIG, 0)
     exact = sj.Adaptive(sj.SelfSpeculative(skip=()), choices=MENU, rule="schedule")
@@ -880,6 +899,7 @@ class LawTest(absltest.TestCase):
     method = sj.Adaptive(sj.Speculative(draft, gamma=1), choices=MENU, costs=close, prior=0.6)
     self.assert_lossless_unless_peeking(method, "adaptive_cost", "adaptive_peeking")
 
+  @pytest.mark.slow  # ~50 s; the cost rule's law and its peeking control stay in the default run
   def test_tree_menu_and_a_peeking_rule(self):
     """A draft-free tree method (SuffixDecoding's per-request trees) cut to depths 1-3: the
     cost rule switches between trees, and the law holds; peeking at the verdict breaks it."""
@@ -891,6 +911,7 @@ class LawTest(absltest.TestCase):
     self.assertEqual(method.tree_nodes, (0, 2, 4, 6))  # passes over 1, 3, 5 and 7 tokens
     self.assert_lossless_unless_peeking(method, "adaptive_tree", "adaptive_tree_peeking")
 
+  @pytest.mark.slow  # ~36 s; as above
   def test_draft_tree_menu_and_a_peeking_rule(self):
     """A static tree drafted by a model, sampled children (the recursive rule), cut to depths
     1-3: the cost rule switches between plain decoding and trees, and the law holds; peeking
@@ -903,6 +924,7 @@ class LawTest(absltest.TestCase):
     self.assert_lossless_unless_peeking(method, "adaptive_draft_tree",
                                         "adaptive_draft_tree_peeking")
 
+  @pytest.mark.slow  # ~18 s; as above
   def test_spectr_menu(self):
     """SpecTr's 2 i.i.d. chains (K-SEQ) cut to lengths 1-3: the menu switches and the law
     holds."""
@@ -914,6 +936,7 @@ class LawTest(absltest.TestCase):
     self.assertGreater(result.pvalue, lawcheck.CLEAN_FLOOR, msg=result.summary())
     self.assert_switches(result)
 
+  @pytest.mark.slow  # ~16 s; as above
   def test_dynamic_tree_menu(self):
     """The draft's EAGLE-2 dynamic tree (the one-hot rule) grown 1-3 levels (2, 4, 6 nodes):
     the menu switches and the law holds."""

@@ -228,6 +228,7 @@ class LawTest(absltest.TestCase):
     counts = np.asarray(result.out.stats.accepted_length_counts)
     self.assertTrue(np.all(counts > 0), msg=str(counts))
 
+  @pytest.mark.slow  # ~18 s; the sampled chain's law stays in the default run
   def test_sampled_tree(self):
     result = self.tree_law("sampled", "eagle_tree")
     self.assertGreater(result.pvalue, lawcheck.P_FLOOR, msg=result.summary())

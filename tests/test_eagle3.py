@@ -169,6 +169,7 @@ class GreedyTest(parameterized.TestCase):
     self.assertIsNone(q)
 
 
+  @pytest.mark.slow  # ~20 s; the greedy runs against autoregressive stay in the default run
   def test_acceptance_equals_reference(self):
     """Every row accepts exactly as many drafts as the cache-free reference (static tree); a
     proposer that keeps the last iteration's features instead of the accepted path's (the
@@ -224,6 +225,7 @@ class LawTest(absltest.TestCase):
       mutant = self.law(sj.Eagle(self.head(), gamma=gamma), "eagle3_unscattered", gamma + 3)
     self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
 
+  @pytest.mark.slow  # ~36 s; the sampled chain's law stays in the default run
   def test_sampled_tree(self):
     result = self.law(sj.Eagle(self.head(), tree=SMALL_TREE), "eagle3_tree",
                       SMALL_TREE.max_depth + 3)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
+import pytest
 from flax import nnx
 
 import specjax as sj
@@ -119,6 +120,7 @@ class GreedyTest(parameterized.TestCase):
 
 class GemmaTargetTest(absltest.TestCase):
 
+  @pytest.mark.slow  # ~16 s: Gemma's scaled embeddings; Hydra's Llama paths stay in the default run
   def test_paths_are_the_targets_scaled_input_embeddings(self):
     """On a Gemma target the path enters the heads as Gemma's input embeddings, sqrt(hidden) x
     the table's rows (``embed_tokens``, what the Hydra paper's base model feeds its own layers):

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
+import pytest
 from flax import nnx
 
 import specjax as sj
@@ -152,6 +153,7 @@ class LawTest(absltest.TestCase):
       mutant = run("medusa_shifted")
     self.assertLess(mutant.pvalue, lawcheck.MUTANT_CEILING, msg=mutant.summary())
 
+  @pytest.mark.slow  # ~16 s; the sampled chain's law stays in the default run
   def test_sampled_tree(self):
     result = lawcheck.check_law(law_transformer(),
                                 sj.Medusa(random_heads(LAW_CONFIG, 3, num_heads=2),

@@ -374,6 +374,7 @@ class StackGreedyTest(absltest.TestCase):
   and gamma < D (1 too), ragged rows (one shorter than D), EOS; one pass of each drafting module
   per iteration."""
 
+  @pytest.mark.slow  # ~20 s; GreedyTest's chain and tree stay in the default run
   def test_chains_match_autoregressive(self):
     target = random_transformer(TF_CONFIG, 0)
     ar = sj.generate(target, STACK_PROMPTS, sj.Autoregressive(), max_new_tokens=GREEDY_NEW)

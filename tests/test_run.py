@@ -30,7 +30,7 @@ def _env():
   return env
 
 
-def _run(*args, timeout=300):
+def _run(*args, timeout=1200):
   t0 = time.perf_counter()
   proc = subprocess.run([sys.executable, "-m", "experiments.run", *args], cwd=REPO, env=_env(),
                         capture_output=True, text=True, timeout=timeout)
@@ -172,6 +172,7 @@ class HfMethodsTest(absltest.TestCase):
   """transformers' generate next to ours on the same (tiny random) checkpoint: greedy, and its
   prompt lookup next to our prompt lookup; greedy tokens must agree."""
 
+  @pytest.mark.slow  # ~26 s (torch); the HF autoregressive batch stays in the default run
   def test_hf_rows(self):
     with tempfile.TemporaryDirectory() as tmp:
       proc, _ = _run("--config=configs/tiny.py", f"--config.output_dir={tmp}",
@@ -370,7 +371,7 @@ for overrides in cases:
 print("jax imported:", "jax" in sys.modules)
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=_env(), timeout=120)
+                          env=_env(), timeout=600)
     self.assertEqual(proc.returncode, 0, proc.stderr)
     self.assertIn("jax imported: False", proc.stdout)
 
@@ -465,6 +466,7 @@ class ReportTest(absltest.TestCase):
 class CostSplitTest(absltest.TestCase):
   """experiments/cost_split.py: per-call / per-token timing of sj.generate on tiny random models."""
 
+  @pytest.mark.slow  # ~17 s: experiments/cost_split end to end
   def test_split_costs(self):
     from experiments import cost_split, random_models
 
@@ -511,6 +513,7 @@ class ChatTemplateTest(absltest.TestCase):
 class AdaptiveUpkeepTest(absltest.TestCase):
   """experiments/adaptive_upkeep.py on tiny random models: every setting timed, none drafting."""
 
+  @pytest.mark.slow  # ~50 s: a runner timing the adaptive loop's upkeep
   def test_upkeep(self):
     from experiments import adaptive_upkeep, random_models
     from specjax.proposers import adaptive
@@ -570,6 +573,7 @@ class LookObservationsTest(absltest.TestCase):
   """experiments/look_observations.py on tiny random models: one value per answer position of
   each estimator, in [0, 1]; the exact one is sum_x min(p, q) of the two models' laws there."""
 
+  @pytest.mark.slow  # ~11 s: a runner with look observations
   def test_observations(self):
     import jax.numpy as jnp
 
@@ -595,6 +599,7 @@ class LookObservationsTest(absltest.TestCase):
 class SearchSkipTest(absltest.TestCase):
   """experiments/search_skip.py on the tiny random target, then the runner on the config it wrote."""
 
+  @pytest.mark.slow  # ~25 s: a search, then a runner
   def test_search_then_run_the_config(self):
     from experiments import run, runconfig, search_skip
     from specjax import costs
@@ -659,6 +664,7 @@ class TreeRunTest(absltest.TestCase):
     self.assertIn("## Trees and multi-draft methods", md)
     self.assertIn("tree spectr:2x2", report.format_table(results))
 
+  @pytest.mark.slow  # ~12 s; the tree, draft-free settings stay in the default run
   def test_optimal_gamma_by_measured_costs(self):
     """Beside the formula's optimal gamma (every pass at one step), the report names the gamma
     whose measured iteration cost models fastest, where the run timed two or more."""
@@ -680,6 +686,7 @@ class TreeRunTest(absltest.TestCase):
                      f"formula's optimal gamma {optimal['gamma']} (alpha {optimal['alpha']:.3f}, "
                      f"speedup {optimal['speedup']:.2f}, each pass at one target step)")
 
+  @pytest.mark.slow  # ~25 s; the tree, draft-free settings stay in the default run
   def test_eagle_settings(self):
     """Methods eagle and eagle3 on the tiny random target (untrained heads): a chain per gamma
     and a tree per head_trees spec, each greedy row the autoregressive one."""
@@ -703,6 +710,7 @@ class TreeRunTest(absltest.TestCase):
     self.assertIn("eagle3 head: one drafting step", md)
     self.assertIn("| 0 | eagle3 dynamic:2x2x3 | 3 |", md)  # the tree table names the method
 
+  @pytest.mark.slow  # ~13 s; the tree, draft-free settings stay in the default run
   def test_mtp_settings(self):
     """Method mtp on the tiny random target (an untrained module): a chain and a static tree,
     greedy rows the autoregressive ones, the head's passes in the cost model."""
@@ -715,6 +723,7 @@ class TreeRunTest(absltest.TestCase):
       self.assertAlmostEqual(e["iteration_cost"], 2 * c + e["verify_cost"])
     self.assertIn("mtp comb:2x2", md)
 
+  @pytest.mark.slow  # ~17 s; the tree, draft-free settings stay in the default run
   def test_medusa_settings(self):
     """Methods medusa and hydra on the tiny random target (untrained heads): a chain and a static
     tree each, greedy rows the autoregressive ones, the cost model's head passes."""
@@ -784,6 +793,7 @@ class AdaptiveTreeMenuRunTest(absltest.TestCase):
   tree cut to a depth, a pass per entry's nodes measured and priced, the greedy tokens
   autoregressive decoding's."""
 
+  @pytest.mark.slow  # ~40 s: a runner with a suffix-tree menu
   def test_suffix_menu(self):
     from specjax.costs import CostTable
     with tempfile.TemporaryDirectory() as tmp:
@@ -805,6 +815,7 @@ class AdaptiveTreeMenuRunTest(absltest.TestCase):
     self.assertGreater(sum(rows["schedule"]["choice_counts"][1:]), 0)  # the trees ran
     self.assertIn("adaptive schedule (suffix 0..3)", proc.stdout)
 
+  @pytest.mark.slow  # ~100 s: a tree menu's loops at T = 0 and 1 in a runner
   def test_draft_tree_menu(self):
     """``adaptive_method=tree``: the draft's tree (``adaptive_tree``, a static tree here, a
     dynamic one at T = 1) cut to each depth; each entry's target and draft passes measured
@@ -847,7 +858,7 @@ class GpuCheckScriptTest(absltest.TestCase):
                EXTRA_ARGS="--config.dry_run=True", TESTS=tests, ONLY=only,
                ROOFLINE_ARGS="--model=small --batch_sizes=1,2 --copy_mib=16")
     return subprocess.run(["bash", "experiments/gpu_check.sh"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=1200)
 
   @pytest.mark.slow  # ~45 s: every stage of experiments/gpu_check.sh, dry
   def test_stages_dry_run(self):
@@ -905,6 +916,7 @@ class SpecTrExactTest(absltest.TestCase):
   """experiments/spectr_exact.py on tiny random models: the laws it reads off the target's text,
   and the comparison (the closed forms are checked against the verifier in test_spectr.py)."""
 
+  @pytest.mark.slow  # ~9 s: experiments/spectr_exact end to end
   def test_laws_and_compare(self):
     import numpy as np
 
@@ -1025,6 +1037,7 @@ class TreeVsChainTest(absltest.TestCase):
       with self.assertRaisesRegex(ValueError, message):
         runconfig.parse_tree_spec(bad)
 
+  @pytest.mark.slow  # ~25 s: experiments/tree_vs_chain end to end
   def test_compare(self):
     import numpy as np
 

@@ -14,6 +14,7 @@ import tempfile
 from unittest import mock
 
 from absl.testing import absltest, parameterized
+import pytest
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests.test_adaptive_calibration import (GREEDY_PROMPTS, MENU, SECONDS, fake_clock,
@@ -37,6 +38,7 @@ class CalibrationNoiseTest(absltest.TestCase):
   the faster the longer: a machine too noisy for the run's lengths) leaves the setting priced by
   the bare table, and says so in its row and the report, instead of ending the run."""
 
+  @pytest.mark.slow  # ~18 s: a runner with a clock by hand
   def test_priced_by_the_bare_table(self):
     from experiments import run
     from specjax.decoding import adaptive_calibration
@@ -233,6 +235,7 @@ class AdaptiveCostsTest(parameterized.TestCase):
     cost = measure_run_costs(config, {"target": target, "draft": draft}, settings, [8, 10], 2)
     self.assertNotIn("sampled", cost)
 
+  @pytest.mark.slow  # ~31 s: a runner at T = 0 and 1
   def test_each_temperature_runs_with_its_own_table(self):
     """A run at T = 0 and T = 1: the T = 1 setting decides by the table timed at T = 1 (the
     runner builds its method apart; reusing the T = 0 one made ``generate`` warn that the

@@ -19,6 +19,7 @@ import tempfile
 from unittest import mock
 
 from absl.testing import absltest
+import pytest
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -176,6 +177,7 @@ class ReducedVocabTest(absltest.TestCase):
     untied = sj.init_model(config, jax.random.key(1))
     self.check(sj.forward(reduce_vocab(untied, self.ids), tokens), sj.forward(untied, tokens))
 
+  @pytest.mark.slow  # ~22 s; the reduced head's logits stay in the default run
   def test_greedy_draft_is_the_argmax_of_the_scattered_row(self):
     """A greedy draft's shortcut (``greedy_draft``: the argmax over the kept ids' logits, mapped
     to their ids) picks the V-wide row's argmax, a tie going to the lowest id as there;

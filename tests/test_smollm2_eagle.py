@@ -17,6 +17,7 @@ from unittest import mock
 import jax
 import numpy as np
 from absl.testing import absltest
+import pytest
 from flax import nnx
 
 import specjax as sj
@@ -204,6 +205,7 @@ class PipelineTest(TeacherDirTest):
                                            "with eagle.edit_answer_tokens=6"):
       eagle_phase.training_rows(c, target, tokenizer, self.tmp / "edit_rows")
 
+  @pytest.mark.slow  # ~15 s; the built-once head stays in the default run
   def test_eagle3_build_by_hand_reports_agreement_and_acceptance(self):
     with mock.patch.object(sj, "save_head", side_effect=_npz_save_head) as save:
       report = train.run(self.config("eagle3"), self.tmp / "eagle3")  # the eagle block's phase

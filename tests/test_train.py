@@ -15,6 +15,7 @@ import time
 from unittest import mock
 
 from absl.testing import absltest
+import pytest
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -233,6 +234,7 @@ class TrainingTest(absltest.TestCase):
     self.assertEqual(mngr.latest_step(), 1)
     mngr.close()
 
+  @pytest.mark.slow  # ~17 s: two short training runs
   def test_time_limits_count_finished_steps(self):
     # JAX dispatches steps asynchronously: a loop that read the clock at dispatch ran ~10 steps
     # past the budget (8 s here: 11 s, 28 steps instead of 14) before it returned.
