@@ -37,12 +37,14 @@ os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 # pytest-xdist --dist loadfile hands out whole files in collection order only with
 # --no-loadscope-reorder (setup.cfg): by default it reorders files by their number of tests,
 # which put test_sharding.py (one test, ~3 minutes) and test_multihost.py last. Order: the
-# per-file seconds of a 2-worker run on the 2-core box, the default run's tests (not slow) first
-# (update when a file's time changes a lot).
-LONGEST_FIRST = ("test_run.py", "test_eagle.py", "test_adaptive.py", "test_dynamic_tree.py",
-                 "test_eagle3.py", "test_mtp.py", "test_tree_verify.py", "test_medusa.py",
-                 "test_families.py", "test_laws.py", "test_sharding.py", "test_tree_speculative.py",
-                 "test_multihost.py", "test_hydra.py", "test_generate.py", "test_models.py")
+# per-file seconds of a 2-worker run on the 2-core box, the default run's tests (not slow) first,
+# with the slow run's long single tests (test_sharding.py, test_multihost.py) early (update when
+# a file's time changes a lot).
+LONGEST_FIRST = ("test_adaptive.py", "test_run.py", "test_sharding.py", "test_eagle.py",
+                 "test_run_adaptive.py", "test_multihost.py", "test_mtp.py", "test_dynamic_tree.py",
+                 "test_medusa.py", "test_families.py", "test_hydra.py", "test_generate.py",
+                 "test_tree_verify.py", "test_train_eagle.py", "test_models.py", "test_eagle3.py",
+                 "test_spectr.py", "test_smollm2_draft.py", "test_laws.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
