@@ -195,7 +195,8 @@ class Adaptive:
             inner=built[-1][1], prior=jnp.asarray(self.prior, jnp.float32),
             evidence=jnp.asarray(self.prior_evidence, jnp.float32),
             costs=jnp.asarray(costs, jnp.float32),
-            tally=jnp.asarray(check_tally(self.prior_tally, len(self.choices)), jnp.float32))
+            tally=jnp.zeros((2, len(self.choices)), jnp.float32) if self.prior_tally is None
+            else jnp.asarray(self.prior_tally, jnp.float32))
 
 
 def check_menu(choices, rule: str) -> tuple[int, ...]:
@@ -235,10 +236,8 @@ def per_position(given, depth: int, name: str, check=options.check_unit_number,
 
 
 def check_tally(given, entries: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-  """``sj.Adaptive``'s ``prior_tally`` (None: nothing tallied) as two tuples of ``entries``
-  finite numbers >= 0 (``DecodeStats.model_tally``'s shape), else a one-line ValueError."""
-  if given is None:
-    return ((0.0,) * entries,) * 2
+  """``sj.Adaptive``'s ``prior_tally`` as two tuples of ``entries`` finite numbers >= 0
+  (``DecodeStats.model_tally``'s shape), else a one-line ValueError."""
   try:
     values = np.asarray(given, np.float64)
   except (TypeError, ValueError):
