@@ -192,6 +192,28 @@ class MatchRunsTest(absltest.TestCase):
     self.assertAlmostEqual(stay, 1 / 3)
     self.assertAlmostEqual(recover, 1.0)
 
+  def test_shuffled_null(self):
+    """The shuffles keep each sequence's matches: all matches or none leave no spread; a long iid
+    text's shuffles centre on the iid model; a miss after every four matches, in phase with gamma
+    4 (each iteration's bonus token lands on the miss), makes 5 tokens an iteration where the
+    shuffles make ~3.4, and out of phase (gamma 3) fewer than they do."""
+    from experiments import match_runs
+    self.assertEqual(match_runs.shuffled_iterations([np.ones(8, int)], 3, 20), (4.0, 0.0))
+    self.assertEqual(match_runs.shuffled_iterations([np.zeros(9, int)], 3, 20), (1.0, 0.0))
+    iid = [np.random.default_rng(1).binomial(1, 0.7, 4000)]
+    mean, spread = match_runs.shuffled_iterations(iid, 3, 50)
+    self.assertAlmostEqual(mean, metrics.expected_tokens_per_iteration(0.7, 3), delta=0.03)
+    self.assertLess(spread, 0.03)
+    phased = [np.asarray([1, 1, 1, 1, 0] * 20)]
+    mean, spread = match_runs.shuffled_iterations(phased, 4, 200)
+    self.assertEqual(match_runs.chain_iterations(phased, 4)[0], 5.0)
+    self.assertGreater(5.0, mean + 5 * spread)
+    real, z = match_runs.shuffle_z(phased, 4, 200)
+    self.assertEqual(real, 5.0)
+    self.assertAlmostEqual(z, (5.0 - mean) / spread)
+    mean, spread = match_runs.shuffled_iterations(phased, 3, 200)
+    self.assertLess(match_runs.chain_iterations(phased, 3)[0], mean - 3 * spread)
+
 
 class GreedyTest(absltest.TestCase):
 
