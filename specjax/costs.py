@@ -10,7 +10,8 @@ one jitted ``fori_loop`` (as the decoding loop does: dispatch is spread over the
 run's sampling (sampled iterations cost more), and alternates the jobs so that machine noise hits
 all alike. It returns a ``CostTable`` (the costs in target steps, the library's object: saved
 with a run, loaded to choose gamma or a tree) and the raw timings, which ``measure_step_costs``
-hands to the runner. ``modelled_speedup`` is Eq. 1 over those measured costs.
+hands to the runner. ``modelled_speedup`` is Eq. 1 over those measured costs. In a run of
+several processes every table timed here is process 0's on all of them (``shared``).
 """
 
 from __future__ import annotations
@@ -344,8 +345,30 @@ def measure(models: dict, batch: int, context: int, cache_length: int, *, widths
                     head_step=dict(result.get("head_cost_ratio", {})), batch=batch,
                     context=context, target_step_ms=result["target_step_ms"],
                     device=result["device"], sampling=sampling)
+  table = shared(table)
   result["table"] = table.to_dict()
   return table, result
+
+
+def shared(table: CostTable) -> CostTable:
+  """``table`` with process 0's costs on every process of a multi-process run (``table`` itself
+  in one process). Each process times its own devices, so their tables differ by the timing
+  noise; but the cost rule's choice (``sj.Adaptive``), computed from the table on every device
+  of one program, must not: devices of two processes would run different menu entries of one
+  loop, whose collectives then mismatch. A collective: every process calls it, with tables of
+  the same keys."""
+  import jax
+  if jax.process_count() == 1:
+    return table
+  from jax.experimental import multihost_utils
+  import numpy as np
+  costs = {"verify": table.verify, "draft_step": table.draft_step,
+           "draft_pass": table.draft_pass, "iteration": table.iteration,
+           "head_step": table.head_step, "loop": table.loop,
+           "target_step_ms": table.target_step_ms}
+  leaves, tree = jax.tree.flatten(costs)
+  agreed = np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(leaves, np.float32)))
+  return dataclasses.replace(table, **jax.tree.unflatten(tree, [float(x) for x in agreed]))
 
 
 def measure_step_costs(models: dict, batch: int, context: int, cache_length: int,

@@ -209,6 +209,16 @@ class CostTableTest(absltest.TestCase):
     self.assertIs(sj.CostTable, CostTable)
 
 
+class SharedTest(absltest.TestCase):
+
+  def test_shared_in_one_process(self):
+    """One process: ``costs.shared`` hands the table back as it is (two processes:
+    tests/test_multihost.py)."""
+    table = CostTable(verify={1: 1.0, 2: 1.3}, draft_step=0.1, batch=1, context=8,
+                      target_step_ms=1.0, device="by hand")
+    self.assertIs(costs.shared(table), table)
+
+
 class MeasureTest(absltest.TestCase):
   """The timing on tiny random models: small loops, so only the shape of the answer is checked."""
 

@@ -108,6 +108,34 @@ class LauncherTest(absltest.TestCase):
               "time.sleep(600)\n")
     self.assertEqual(launch_local.launch([sys.executable, "-c", script], 2), 3)
 
+  def test_cost_tables_agree_across_processes(self):
+    """``costs.shared``: each process times its own devices; all take process 0's table (a
+    cost rule choosing from it on every device then picks the same entry everywhere)."""
+    with tempfile.TemporaryDirectory() as tmp:
+      script = textwrap.dedent(f"""
+          import json, sys
+          import jax
+          flags = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+          pid = int(flags["process_id"])
+          jax.config.update("jax_cpu_collectives_implementation", "gloo")
+          jax.distributed.initialize(coordinator_address=flags["coordinator_address"],
+                                     num_processes=int(flags["num_processes"]), process_id=pid)
+          import specjax as sj
+          from specjax import costs
+          own = sj.CostTable(verify={{1: 1.0, 2: 1.25 + pid}}, draft_step=0.125 * (pid + 1),
+                             loop={{0: 1.0, 3: 2.5 + pid}}, head_step={{"h": 0.5 + pid}},
+                             batch=2, context=8, target_step_ms=1.5 + pid, device=f"p{{pid}}")
+          open(f"{tmp}/p{{pid}}", "w").write(costs.shared(own).to_json())
+          """)
+      self.assertEqual(launch_local.launch([sys.executable, "-c", script], 2), 0)
+      tables = [json.load(open(os.path.join(tmp, f"p{i}"))) for i in range(2)]
+    for table in tables:
+      self.assertEqual(table["verify"], {"1": 1.0, "2": 1.25})
+      self.assertEqual((table["draft_step"], table["loop"], table["head_step"]),
+                       (0.125, {"0": 1.0, "3": 2.5}, {"h": 0.5}))
+      self.assertEqual(table["target_step_ms"], 1.5)
+    self.assertEqual([t["device"] for t in tables], ["p0", "p1"])  # where each was timed
+
   def test_bad_arguments(self):
     with self.assertRaisesRegex(ValueError, r"processes must be >= 1, got 0"):
       launch_local.launch(["true"], 0)

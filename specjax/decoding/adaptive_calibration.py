@@ -43,6 +43,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+from specjax import costs as costs_lib
 from specjax.costs import CostTable, checked_int
 from specjax.decoding.generate import generate
 
@@ -177,7 +178,8 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
   (the run's batch) at ``sampling``, ``max_new_tokens`` and half of it, ``repeats`` times
   each, the fastest kept (module docstring; ``timed_calls`` then ``priced``).
   ``generate_kwargs``: the rest of ``sj.generate``'s (``prompt_width``, ``mesh``, ...) as the
-  run passes them, so that a run without EOS reuses the compiled loop; no ``eos_token_id``."""
-  return priced(method, timed_calls(method, target, prompts, sampling=sampling,
-                                    max_new_tokens=max_new_tokens, key=key, repeats=repeats,
-                                    **generate_kwargs))
+  run passes them, so that a run without EOS reuses the compiled loop; no ``eos_token_id``.
+  Several processes: process 0's table on all (``costs.shared``)."""
+  return costs_lib.shared(priced(method, timed_calls(
+      method, target, prompts, sampling=sampling, max_new_tokens=max_new_tokens, key=key,
+      repeats=repeats, **generate_kwargs)))
