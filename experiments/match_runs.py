@@ -78,11 +78,16 @@ def shuffled_iterations(matches: list[np.ndarray], gamma: int, shuffles: int,
   return float(np.mean(values)), float(np.std(values))
 
 
+def z_score(real: float, mean: float, spread: float) -> float:
+  """How many of the shuffles' standard deviations ``real`` lies from their mean (0 where they
+  do not spread: every order gives the same chains)."""
+  return (real - mean) / spread if spread > 0 else 0.0
+
+
 def shuffle_z(matches: list[np.ndarray], gamma: int, shuffles: int) -> tuple[float, float]:
   """(real tokens an iteration, its z-score among ``shuffled_iterations``' orders)."""
   real = chain_iterations(matches, gamma)[0]
-  mean, spread = shuffled_iterations(matches, gamma, shuffles)
-  return real, (real - mean) / spread if spread > 0 else 0.0
+  return real, z_score(real, *shuffled_iterations(matches, gamma, shuffles))
 
 
 def main(argv):
@@ -114,7 +119,7 @@ def main(argv):
               + (1 - after_miss) * markov_tokens(rate, stay, gamma))
     iid = metrics.expected_tokens_per_iteration(rate, gamma)
     mean, spread = shuffled_iterations(matches, gamma, FLAGS.shuffles)
-    z = (real - mean) / spread if spread > 0 else 0.0
+    z = z_score(real, mean, spread)
     print(f"{gamma:5d} {real:6.3f} {iid:6.3f} {markov:6.3f} {first:6.3f} {after_miss:10.2f} "
           f"{mean:7.3f} +- {spread:5.3f} {z:5.1f}")
   if FLAGS.per_prompt:  # each prompt's own figures (tokens an iteration, z) and its matches

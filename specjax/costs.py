@@ -23,6 +23,10 @@ import numbers
 import os
 from typing import Any
 
+import jax
+from jax.experimental import multihost_utils
+import numpy as np
+
 from specjax import cost_timing, metrics
 from specjax.sampling import Sampling
 
@@ -357,11 +361,8 @@ def shared(table: CostTable) -> CostTable:
   of one program, must not: devices of two processes would run different menu entries of one
   loop, whose collectives then mismatch. A collective: every process calls it, with tables of
   the same keys."""
-  import jax
   if jax.process_count() == 1:
     return table
-  from jax.experimental import multihost_utils
-  import numpy as np
   costs = {"verify": table.verify, "draft_step": table.draft_step,
            "draft_pass": table.draft_pass, "iteration": table.iteration,
            "head_step": table.head_step, "loop": table.loop,
