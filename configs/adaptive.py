@@ -7,11 +7,13 @@ r"""Adaptive draft lengths against fixed gammas on SmolLM2-135M-Instruct (issue 
     python -m experiments.run --config=configs/adaptive.py:batch=8
     python -m experiments.run --config=configs/adaptive.py:prompts=chat,batch=8,temperature=1
     python -m experiments.run --config=configs/adaptive.py:temperature=1,num_prompts=8,stop_at_eos=False
+    python -m experiments.run --config=configs/adaptive.py:adaptive_rules=cost/checked
 
-``sj.Adaptive`` over the distilled draft (``smollm2-draft``, trained on first use): a draft
-length per iteration from the menu 0, 1, 2, 3, 4, 6 (0: plain decoding) by the run's measured
-cost table (rule ``cost``), by transformers' +2/-1 schedule (``schedule``) or by the draft's own
-confidence (``confidence``, every length 1..6), next to the fixed chains at gamma 1-6 and
+``sj.Adaptive`` over the distilled draft (``smollm2-draft``, trained on first use): a draft length
+per iteration from the menu 0, 1, 2, 3, 4, 6 (0: plain decoding) by the run's measured cost table
+(rule ``cost``), by transformers' +2/-1 schedule (``schedule``) or by the draft's own confidence
+(``confidence``, every length 1..6; opt-in ``checked``: the cost rule with its check of its own
+model, ``correct=True``, on the cost rule's table), next to the fixed chains at gamma 1-6 and
 autoregressive decoding in the same interleaved run, at T = 0 and T = 1. The report puts the
 adaptive rows in the speed table and prints each one's histogram of choices; results.json holds
 the cost tables they decided by. Greedy rows equal autoregressive decoding's (the report checks).

@@ -208,7 +208,11 @@ ADAPTIVE_BASES = ("speculative", "self_speculative", "prompt_lookup", "jacobi", 
                   "suffix", "tree")
 # Tree methods: an entry k is their tree cut to depth k ("tree": config.adaptive_tree's)
 TREE_BASES = ("retrieval", "suffix", "tree")
-ADAPTIVE_RULES = options.ADAPTIVE_RULES
+# The runner's rules: sj.Adaptive's, and "checked": the cost rule with its check of its own model
+# (``sj.Adaptive(rule="cost", correct=True)``, off by default), so that a run sets the two side
+# by side on one table (the cost rule's calibration prices both; ``run.py``).
+ADAPTIVE_RULES = options.ADAPTIVE_RULES + ("checked",)
+COST_RULES = ("cost", "checked")  # priced by the run's table (calibrated, warmed)
 DRAFT_MODEL_BASES = ("speculative", "self_speculative")  # the confidence rule's: a draft's law
 
 
@@ -256,13 +260,16 @@ def adaptive_table(cost: dict, base: str, temperature: float = 0.0) -> dict | No
 def _adaptive(config, s: dict, models: dict):
   """``sj.Adaptive`` over the base method built by its own entry at the largest choice, with the
   run's measured table for that base (``s["cost_table"]``, set once the costs are measured) and
-  the prior ``s["prior"]`` once the warm-up set it (``adaptive_warm``), else ``adaptive_prior``."""
+  the prior ``s["prior"]`` once the warm-up set it (``adaptive_warm``; rule "checked": also the
+  check's tally, ``s["prior_tally"]``), else ``adaptive_prior``."""
   import specjax as sj
   base = METHODS[s["base"]]
   table = s.get("cost_table")
   tree = s["base_tree"] if base.name == "tree" else s.get("tree")
   return sj.Adaptive(base.build(config, dict(s, method=base.name, tree=tree), models),
-                     choices=tuple(s["choices"]), rule=s["rule"],
+                     choices=tuple(s["choices"]),
+                     rule="cost" if s["rule"] in COST_RULES else s["rule"],
+                     correct=s["rule"] == "checked", prior_tally=s.get("prior_tally"),
                      costs=sj.CostTable.from_dict(table) if table else None,
                      decay=float(config.adaptive_decay),
                      prior=tuple(s.get("prior") or (float(config.adaptive_prior),)),

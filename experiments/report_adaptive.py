@@ -31,8 +31,10 @@ def choice_lines(results: dict) -> list[str]:
       prior += f" over {' '.join(f'{n:.0f}' for n in e['prior_evidence'])} observations"
     loop = (e.get("cost_table") or {}).get("loop")
     if loop:  # sj.Adaptive.calibrated: each entry's loop iteration, in target steps
+      timed = (f"timed by {e['calibration_from']}" if e.get("calibration_from")
+               else f"{e.get('calibration_s', 0.0):.0f} s")
       prior += (f"; priced by its loop ({' '.join(f'{k}: {v:.2f}' for k, v in loop.items())} "
-                f"target steps, {e.get('calibration_s', 0.0):.0f} s)")
+                f"target steps, {timed})")
     elif e.get("calibration_error"):
       prior += f"; priced by the bare table ({e['calibration_error']})"
     out.append(f"- {adaptive_label(e)}{mesh} T={e['temperature']:g}: {shares} "

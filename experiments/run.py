@@ -46,7 +46,7 @@ from experiments import prompts as prompts_lib
 from experiments import resolve, runconfig
 from experiments.errors import ConfigError
 from experiments.errors import log as _log
-from experiments.methods import METHODS, adaptive_table
+from experiments.methods import COST_RULES, METHODS, adaptive_table
 from experiments.runconfig import setting_label
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -233,8 +233,19 @@ def run_experiment(config, command: str | None = None) -> dict:
     records = [dict(s, warmup_s=0.0, times=[], tokens=[], first_batch_s=[], stats=StatsSum(),
                     outputs=None) for s in settings]
     from specjax.decoding.adaptive_calibration import CalibrationNoise
+    calibrated: dict = {}  # one calibration per menu, base and sampling, shared by its rules
     for rec in records:  # a cost rule's menu priced by its own loop (sj.Adaptive.calibrated)
-      if rec.get("rule") == "cost" and config.adaptive_calibration and rec.get("cost_table"):
+      if rec.get("rule") in COST_RULES and config.adaptive_calibration and rec.get("cost_table"):
+        shape = tuple(str(rec.get(k)) for k in ("base", "base_tree", "choices", "temperature",
+                                                 "mesh"))
+        first = calibrated.get(shape)
+        if first is not None:  # the same prices as the setting that timed them
+          rec.update(cost_table=first["cost_table"], calibration_s=0.0,
+                     calibration_from=setting_label(first))
+          if "calibration_error" in first:
+            rec["calibration_error"] = first["calibration_error"]
+          continue
+        calibrated[shape] = rec
         _log(f"[run] calibrating {setting_label(rec)} on the first batch")
         start = time.perf_counter()
         try:
@@ -251,9 +262,11 @@ def run_experiment(config, command: str | None = None) -> dict:
         if bar is not None:
           bar.set_postfix_str(setting_label(rec), refresh=False)
         rec["warmup_s"], _, stats = runner(rec, batches[0], (0, 0))
-        if rec.get("rule") == "cost" and config.adaptive_warm:  # the timed calls start from
-          rec["prior"] = [float(x) for x in np.asarray(stats.acceptance_estimates)]  # its end
-          rec["prior_evidence"] = [float(x) for x in np.asarray(stats.acceptance_evidence)]
+        if rec.get("rule") in COST_RULES and config.adaptive_warm:  # the timed calls start
+          rec["prior"] = [float(x) for x in np.asarray(stats.acceptance_estimates)]  # from its
+          rec["prior_evidence"] = [float(x) for x in np.asarray(stats.acceptance_evidence)]  # end
+          if rec["rule"] == "checked":  # and the check's tally
+            rec["prior_tally"] = np.asarray(stats.model_tally, np.float64).tolist()
         rec["memory"] = runner.memory(rec, batches[0])
         if bar is not None:
           bar.update(1)

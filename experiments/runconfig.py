@@ -141,16 +141,16 @@ def base_config() -> ml_collections.ConfigDict:
   # (0 = plain decoding) over adaptive_method (speculative, self_speculative, prompt_lookup,
   # jacobi; or retrieval / suffix, whose entry k is their tree cut to depth k: retrieval_branches
   # nodes a level within retrieval_nodes; or tree, below), one setting per rule of
-  # adaptive_rules: "cost" (the run's measured cost table), "schedule" (HF's +2/-1),
-  # "confidence" (the draft stops below adaptive_threshold; draft-model bases only; its menu is
-  # every length 1..the largest choice). decay / prior / forget / margin: the cost rule's.
+  # adaptive_rules: "cost" (the run's measured cost table), "schedule" (HF's +2/-1), "confidence"
+  # (the draft stops below adaptive_threshold; draft-model bases; its menu: 1..the largest
+  # choice); opt-in "checked": cost with correct=True. decay / prior / ...: the cost rule's.
   c.adaptive_method = "speculative"
   # adaptive_method "tree": the draft's tree (a spec as in config.trees: full, chains, comb,
   # dynamic, spectr, naive) cut to each depth of the menu (a dynamic tree's nodes prorated by
   # depth; SpecTr's chains that long)
   c.adaptive_tree = "dynamic:6x4x24"
   c.adaptive_choices = (0, 1, 2, 3, 4, 6)
-  c.adaptive_rules = ADAPTIVE_RULES
+  c.adaptive_rules = options.ADAPTIVE_RULES  # not "checked"
   for name, value in options.ADAPTIVE_DEFAULTS.items():  # sj.Adaptive's own defaults
     c[f"adaptive_{name}"] = value
   c.adaptive_drift = options.ADAPTIVE_DRIFTS[0]  # untested positions drift toward: first / prior

@@ -59,11 +59,12 @@ class Runner:
     """(role, sj method) of setting ``s``: its ``METHODS`` entry built once per (sweep value,
     mesh) on the models placed on that mesh, and per temperature for an adaptive setting (its
     cost table is the one timed at its temperature; calibrated or not) and per prior
-    (``adaptive_warm``: the warm-up's estimates; both traced, so the same compiled loop)."""
+    (``adaptive_warm``: the warm-up's estimates and the check's tally; traced: the same loop)."""
     table = s.get("cost_table")
     key = (s["method"], s["gamma"], s.get("tree"), s.get("mesh", ""), s.get("rule"),
            None if table is None else (s["temperature"], str(table.get("loop"))),
-           tuple(s.get("prior") or ()), tuple(s.get("prior_evidence") or ()))
+           tuple(s.get("prior") or ()), tuple(s.get("prior_evidence") or ()),
+           str(s.get("prior_tally")))
     if key not in self.methods:
       entry = METHODS[s["method"]]
       self.methods[key] = (entry.role,

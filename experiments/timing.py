@@ -6,7 +6,7 @@ adaptive settings, every pass and iteration of their menus (their base's ``CostT
 from __future__ import annotations
 
 from experiments.errors import log as _log
-from experiments.methods import ADAPTIVE, CHAIN, HEAD, METHODS, PASS, SELF, TREE
+from experiments.methods import ADAPTIVE, CHAIN, COST_RULES, HEAD, METHODS, PASS, SELF, TREE
 
 
 def chain_gammas(config, model: str) -> tuple[int, ...]:
@@ -121,7 +121,7 @@ def sampled_tables(config, models: dict, settings: list[dict], prompt_lengths: l
   from specjax import costs
   from specjax.models.layer_skip import skip_layers
   from specjax.sampling import Sampling
-  chosen = [s for s in settings if s.get("rule") == "cost" and s["temperature"] > 0]
+  chosen = [s for s in settings if s.get("rule") in COST_RULES and s["temperature"] > 0]
   out: dict = {}
   for t in sorted({s["temperature"] for s in chosen}):
     sampling = Sampling(temperature=t, top_k=int(config.top_k), top_p=float(config.top_p))

@@ -85,9 +85,10 @@ class CalibrationSpreadTest(absltest.TestCase):
 
 
 class AdaptiveRunTest(absltest.TestCase):
-  """One greedy run: autoregressive, a chain at gamma 2 and adaptive (all three rules, menu
-  0..2) on the tiny random target and draft, the cost rule's table calibrated by its own loop
-  under a clock by hand (``tests.test_adaptive_calibration.fake_clock``)."""
+  """One greedy run: autoregressive, a chain at gamma 2 and adaptive (all three rules and the
+  runner's "checked", menu 0..2) on the tiny random target and draft, the cost rule's table
+  calibrated by its own loop under a clock by hand (``tests.test_adaptive_calibration.
+  fake_clock``), once: "checked" is priced by the same calibration."""
 
   @classmethod
   def setUpClass(cls):
@@ -96,11 +97,14 @@ class AdaptiveRunTest(absltest.TestCase):
     from specjax.decoding import adaptive_calibration
     cls.tmp = tempfile.TemporaryDirectory()
     config = _tiny("methods=autoregressive/speculative/adaptive,gammas=2,adaptive_choices=0/1/2,"
-                   "temperature=0,repeats=1,n=8,batch=2,num_prompts=2,plots=false,"
-                   "progress=false")
+                   "adaptive_rules=cost/schedule/confidence/checked,temperature=0,repeats=1,n=8,"
+                   "batch=2,num_prompts=2,plots=false,progress=false,"
+                   "adaptive_prior=0.95")  # optimistic: the cost rules draft (checked: tallies)
     config.output_dir = cls.tmp.name
     config.adaptive_calibration = 1
-    with mock.patch.object(adaptive_calibration, "time_call", fake_clock):
+    cls.timed = []  # the calibration's calls: one calibration for the two cost-priced rules
+    clock = lambda run: cls.timed.append(run) or fake_clock(run)
+    with mock.patch.object(adaptive_calibration, "time_call", clock):
       cls.results = run.run_experiment(config)
     cls.saved = json.loads(pathlib.Path(cls.tmp.name, "results.json").read_text())
     cls.md = pathlib.Path(cls.tmp.name, "report.md").read_text()
@@ -116,8 +120,8 @@ class AdaptiveRunTest(absltest.TestCase):
   def test_rows_carry_the_histogram_and_the_table(self):
     from specjax import costs
     saved = self.rows(self.saved)
-    self.assertEqual([e["rule"] for e in saved], ["cost", "schedule", "confidence"])
-    self.assertEqual([e["choices"] for e in saved], [[0, 1, 2], [0, 1, 2], [1, 2]])
+    self.assertEqual([e["rule"] for e in saved], ["cost", "schedule", "confidence", "checked"])
+    self.assertEqual([e["choices"] for e in saved], [[0, 1, 2], [0, 1, 2], [1, 2], [0, 1, 2]])
     table = self.saved["cost"]["table"]  # the chain pair's measurement, every width the menu needs
     self.assertEqual(sorted(table["iteration"]), ["1", "2"])
     self.assertTrue({"1", "2", "3"} <= set(table["verify"]))
@@ -133,7 +137,7 @@ class AdaptiveRunTest(absltest.TestCase):
       self.assertEqual(e["base"], "speculative")
       self.assertLen(e["choice_counts"], len(e["choices"]))
       self.assertEqual(sum(e["choice_counts"]), e["iterations"])
-      if e["rule"] != "cost":
+      if e["rule"] in ("schedule", "confidence"):
         self.assertEqual(e["cost_table"], table)
         self.assertNotIn("calibration_s", e)
       self.assertEqual(e["greedy_match"], 1.0)
@@ -151,6 +155,23 @@ class AdaptiveRunTest(absltest.TestCase):
     self.assertLen(prior, 2)
     self.assertTrue(all(0.0 <= p <= 1.0 for p in prior), msg=str(prior))
     self.assertNotIn("prior", saved[1])  # the schedule and the confidence rule need none
+    self.assertNotIn("prior_tally", saved[0])
+
+  def test_checked_rule(self):
+    """Rule "checked" (``sj.Adaptive(rule="cost", correct=True)``): priced by the cost rule's
+    calibration (timed once), warmed with its estimates and the check's tally, greedy = AR."""
+    cost, checked = (e for e in self.rows(self.saved) if e["rule"] in ("cost", "checked"))
+    self.assertLen(self.timed, 3 * 2)  # one calibration: 3 entries at 2 lengths, 1 round ...
+    self.assertEqual(checked["cost_table"], cost["cost_table"])  # ... priced both
+    self.assertEqual(checked["calibration_from"], "adaptive cost g=2 T=0")
+    self.assertEqual(checked["calibration_s"], 0.0)
+    self.assertEqual(checked["greedy_match"], 1.0)
+    made, modelled = checked["prior_tally"]  # the warm-up's tally: the check ran
+    self.assertLen(made, 3)
+    self.assertGreater(sum(modelled), 0.0)
+    self.assertLen(checked["prior"], 2)
+    self.assertIn("- adaptive checked (speculative 0..2) T=0: ", self.md)
+    self.assertIn("target steps, timed by adaptive cost g=2 T=0))", self.md)
 
   def test_report(self):
     from experiments import report
