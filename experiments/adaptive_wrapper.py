@@ -40,6 +40,8 @@ def wrapper_cost(target, draft, prompts, max_new_tokens: int, temperature: float
   batch, ``max_new_tokens`` a row, no EOS); ``measured``: the run's ``sj.CostTable`` for the
   last setting (timed here when None). Raises if the forced settings ever chose other than
   ``gamma``, or (T = 0) if any setting's tokens differ from the bare method's."""
+  import jax
+
   import specjax as sj
 
   if gamma not in MENU[1:]:
@@ -67,7 +69,8 @@ def wrapper_cost(target, draft, prompts, max_new_tokens: int, temperature: float
       **{name: (method, {}) for name, method in wrapped.items()},
       f"adaptive, menu {MENU}, measured table": (rule, {}),
       f"adaptive, menu {MENU}, measured table, warmed": (rule.warmed(sj.generate(
-          target, prompts, rule, sampling, max_new_tokens=max_new_tokens).stats), {}),
+          target, prompts, rule, sampling, max_new_tokens=max_new_tokens,
+          key=jax.random.key(1)).stats), {}),  # a key for T > 0, not the timed calls' own
   }
   medians, outputs = adaptive_upkeep.time_settings(target, prompts, settings, sampling,
                                                    max_new_tokens, rounds)

@@ -546,7 +546,7 @@ class AdaptiveWrapperTest(absltest.TestCase):
   """experiments/adaptive_wrapper.py on tiny random models: the forced menus choose gamma in
   every iteration and return the bare method's greedy tokens."""
 
-  @pytest.mark.slow  # ~45 s: two six-entry menus' loops compiled
+  @pytest.mark.slow  # ~80 s: two six-entry menus' loops compiled, at T = 0 and at T = 1
   def test_wrapper_cost(self):
     import specjax as sj
     from experiments import adaptive_wrapper, random_models
@@ -567,6 +567,11 @@ class AdaptiveWrapperTest(absltest.TestCase):
     self.assertGreater(forced[2], 0)
     with self.assertRaisesRegex(ValueError, "gamma must be one of"):
       adaptive_wrapper.wrapper_cost(target, draft, prompts, 8, gamma=5, measured=table)
+    sampled = adaptive_wrapper.wrapper_cost(target, draft, prompts, max_new_tokens=24,
+                                            temperature=1.0, rounds=1, gamma=2, measured=table)
+    self.assertLen(sampled, 6)  # the warming call drew with a key of its own
+    forced = sampled["adaptive, menu (0, 1, 2, 3, 4, 6), forced to 2"][2]
+    self.assertEqual(forced[2], sum(forced.values()))
 
 
 class LookObservationsTest(absltest.TestCase):
