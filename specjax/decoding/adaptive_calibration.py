@@ -43,8 +43,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from specjax import costs as costs_lib
-from specjax.costs import CostTable, checked_int
+from specjax.costs import CostTable, checked_int, shared
 from specjax.decoding.generate import generate
 
 # A held entry's rivals cost this many times more an iteration: above any ratio of modelled
@@ -180,6 +179,6 @@ def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,
   ``generate_kwargs``: the rest of ``sj.generate``'s (``prompt_width``, ``mesh``, ...) as the
   run passes them, so that a run without EOS reuses the compiled loop; no ``eos_token_id``.
   Several processes: process 0's table on all (``costs.shared``)."""
-  return costs_lib.shared(priced(method, timed_calls(
+  return shared(priced(method, timed_calls(
       method, target, prompts, sampling=sampling, max_new_tokens=max_new_tokens, key=key,
       repeats=repeats, **generate_kwargs)))
