@@ -542,6 +542,32 @@ class AdaptiveUpkeepTest(absltest.TestCase):
     self.assertTrue(adaptive.KEEP_LAWS)  # restored after tracing
 
 
+class AdaptiveSwitchTest(absltest.TestCase):
+  """experiments/adaptive_switch.py on tiny random models: the held menus stay, the alternating
+  one changes entry every iteration, all with the bare method's greedy tokens."""
+
+  @pytest.mark.slow  # ~60 s: three six-entry menus' loops compiled
+  def test_switch_cost(self):
+    import numpy as np
+
+    from experiments import adaptive_switch, random_models
+    from specjax.proposers.adaptive import AdaptiveProposer
+
+    target, draft = random_models.random_pair(seed=0)
+    rule = AdaptiveProposer.best
+    result = adaptive_switch.switch_cost(target, draft, [list(b"def f(x):")], max_new_tokens=24,
+                                         rounds=1, gamma=1, other=2)
+    self.assertIs(AdaptiveProposer.best, rule)  # restored after tracing
+    self.assertEqual(set(result["held at 1"][3]), {1})
+    self.assertEqual(set(result["held at 2"][3]), {2})
+    used = result["alternating 1 / 2"][3]
+    self.assertLessEqual(abs(used[1] - used[2]), 1)
+    self.assertEqual(used[1] + used[2], result["alternating 1 / 2"][2])
+    self.assertTrue(np.isfinite(adaptive_switch.change_cost(result, 1, 2)))
+    with self.assertRaisesRegex(ValueError, "must differ"):
+      adaptive_switch.switch_cost(target, draft, [[1, 2]], 8, gamma=2, other=2)
+
+
 class AdaptiveWrapperTest(absltest.TestCase):
   """experiments/adaptive_wrapper.py on tiny random models: the forced menus choose gamma in
   every iteration and return the bare method's greedy tokens."""
