@@ -1,7 +1,7 @@
 r"""What a change of menu entry costs ``sj.Adaptive``: the menu 0, 1, 2, 3, 4, 6 held at
-``--gamma``, held at ``--other``, and alternating between the two every iteration (the rule's choice swapped
-for a forced one while tracing; everything else of the loop runs as it is), beside the bare
-``sj.Speculative(draft, gamma)``; interleaved calls, the order rotated each round
+``--gamma``, held at ``--other``, and alternating between the two every iteration (the rule's
+choice swapped for a forced one while tracing; everything else of the loop runs as it is), beside
+the bare ``sj.Speculative(draft, gamma)``; interleaved calls, the order rotated each round
 (``adaptive_upkeep.time_settings``). A change from a longer entry to a shorter one leaves the
 longer one's loop and goes round the sweep to the shorter one's (``specjax.decoding.loop``'s
 ``sweep``); a change up enters the next loop in the same sweep.
