@@ -13,6 +13,10 @@ longer one's loop and goes round the sweep to the shorter one's (``specjax.decod
 The cost of a change: the alternating call's time less what its iterations cost held (each
 entry's held call's time per iteration, times the alternating call's iterations of it), over
 its changes. At T = 0 every setting's tokens are checked equal to the bare method's.
+
+Run it in a process of its own (as a command): in the test suite's process, later compilations
+after its forced loops twice ended in a segfault inside JAX's compilation-cache write
+(jax 0.10.2, XLA:CPU; not reproduced without them), so its test runs it in a subprocess.
 """
 
 from __future__ import annotations

@@ -544,28 +544,46 @@ class AdaptiveUpkeepTest(absltest.TestCase):
 
 class AdaptiveSwitchTest(absltest.TestCase):
   """experiments/adaptive_switch.py on tiny random models: the held menus stay, the alternating
-  one changes entry every iteration, all with the bare method's greedy tokens."""
+  one changes entry every iteration, all with the bare method's greedy tokens. In a process of
+  its own: its forced loops compiled in the test process were followed, several files later, by
+  a segfault in JAX's compilation-cache write of another test's loop (twice under xdist, once in
+  one process; never without this test), which a subprocess keeps out of the suite."""
 
-  @pytest.mark.slow  # ~60 s: three six-entry menus' loops compiled
+  SCRIPT = """
+import json
+import numpy as np
+from experiments import adaptive_switch, random_models
+from specjax.proposers.adaptive import AdaptiveProposer
+target, draft = random_models.random_pair(seed=0)
+rule = AdaptiveProposer.best
+result = adaptive_switch.switch_cost(target, draft, [list(b"def f(x):")], max_new_tokens=24,
+                                     rounds=1, gamma=1, other=2)
+try:
+  adaptive_switch.switch_cost(target, draft, [[1, 2]], 8, gamma=2, other=2)
+  refused = ""
+except ValueError as error:
+  refused = str(error)
+print(json.dumps(dict(result={k: [v[2], {str(g): c for g, c in v[3].items()}]
+                              for k, v in result.items()},
+                      restored=AdaptiveProposer.best is rule, refused=refused,
+                      change=float(adaptive_switch.change_cost(result, 1, 2)))))
+"""
+
+  @pytest.mark.slow  # ~40 s: three six-entry menus' loops compiled, in a subprocess
   def test_switch_cost(self):
-    import numpy as np
-
-    from experiments import adaptive_switch, random_models
-    from specjax.proposers.adaptive import AdaptiveProposer
-
-    target, draft = random_models.random_pair(seed=0)
-    rule = AdaptiveProposer.best
-    result = adaptive_switch.switch_cost(target, draft, [list(b"def f(x):")], max_new_tokens=24,
-                                         rounds=1, gamma=1, other=2)
-    self.assertIs(AdaptiveProposer.best, rule)  # restored after tracing
-    self.assertEqual(set(result["held at 1"][3]), {1})
-    self.assertEqual(set(result["held at 2"][3]), {2})
-    used = result["alternating 1 / 2"][3]
-    self.assertLessEqual(abs(used[1] - used[2]), 1)
-    self.assertEqual(used[1] + used[2], result["alternating 1 / 2"][2])
-    self.assertTrue(np.isfinite(adaptive_switch.change_cost(result, 1, 2)))
-    with self.assertRaisesRegex(ValueError, "must differ"):
-      adaptive_switch.switch_cost(target, draft, [[1, 2]], 8, gamma=2, other=2)
+    proc = subprocess.run([sys.executable, "-c", self.SCRIPT], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=900)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    self.assertTrue(out["restored"])  # the rule put back after tracing
+    result = out["result"]
+    self.assertEqual(set(result["held at 1"][1]), {"1"})
+    self.assertEqual(set(result["held at 2"][1]), {"2"})
+    iterations, used = result["alternating 1 / 2"]
+    self.assertLessEqual(abs(used["1"] - used["2"]), 1)
+    self.assertEqual(used["1"] + used["2"], iterations)
+    self.assertTrue(math.isfinite(out["change"]))
+    self.assertIn("must differ", out["refused"])
 
 
 class AdaptiveWrapperTest(absltest.TestCase):
