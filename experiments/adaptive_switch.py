@@ -15,7 +15,7 @@ entry's held call's time per iteration, times the alternating call's iterations 
 its changes. At T = 0 every setting's tokens are checked equal to the bare method's.
 
 Run it in a process of its own (as a command): in the test suite's process, later compilations
-after its forced loops twice ended in a segfault inside JAX's compilation-cache write
+after its forced loops ended in a segfault inside JAX's compilation-cache write
 (jax 0.10.2, XLA:CPU; not reproduced without them), so its test runs it in a subprocess.
 """
 

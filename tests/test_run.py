@@ -546,8 +546,8 @@ class AdaptiveSwitchTest(absltest.TestCase):
   """experiments/adaptive_switch.py on tiny random models: the held menus stay, the alternating
   one changes entry every iteration, all with the bare method's greedy tokens. In a process of
   its own: its forced loops compiled in the test process were followed, several files later, by
-  a segfault in JAX's compilation-cache write of another test's loop (twice under xdist, once in
-  one process; never without this test), which a subprocess keeps out of the suite."""
+  a segfault in JAX's compilation-cache write of another test's loop (under xdist and in one
+  process; not without this test), which a subprocess keeps out of the suite."""
 
   SCRIPT = """
 import json
