@@ -93,17 +93,18 @@ def switch_cost(target, draft, prompts, max_new_tokens: int, temperature: float 
   menu = sj.Adaptive(inner, choices=MENU, costs=table)
   names = {"gamma": f"held at {gamma}", "other": f"held at {other}",
            "alternate": f"alternating {gamma} / {other}"}
-  settings = {f"speculative gamma {gamma}": (inner, {})}
+  bare_name = f"speculative gamma {gamma}"
+  settings = {bare_name: (inner, {})}
   settings.update({names[tag]: (dataclasses.replace(menu, margin=margin), {})
                    for margin, tag in TAGS.items()})
   with forced_choices(gamma, other):
     medians, outputs = adaptive_upkeep.time_settings(target, prompts, settings, sampling,
                                                      max_new_tokens, rounds)
-  bare = np.asarray(outputs[f"speculative gamma {gamma}"].tokens)
+  bare = np.asarray(outputs[bare_name].tokens)
   out = {}
   for name, (method, _) in settings.items():
     stats = outputs[name].stats
-    counts = np.asarray(stats.choice_counts) if name != f"speculative gamma {gamma}" else None
+    counts = None if name == bare_name else np.asarray(stats.choice_counts)
     if counts is not None:
       held = {names["gamma"]: gamma, names["other"]: other}.get(name)
       used = {k: int(c) for k, c in zip(MENU, counts.tolist()) if c}

@@ -551,7 +551,6 @@ class AdaptiveSwitchTest(absltest.TestCase):
 
   SCRIPT = """
 import json
-import numpy as np
 from experiments import adaptive_switch, random_models
 from specjax.proposers.adaptive import AdaptiveProposer
 target, draft = random_models.random_pair(seed=0)
