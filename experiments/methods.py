@@ -276,7 +276,17 @@ def _adaptive(config, s: dict, models: dict):
                      prior_evidence=tuple(s.get("prior_evidence") or (0.0,)),
                      forget=float(config.adaptive_forget),
                      threshold=float(config.adaptive_threshold),
-                     margin=float(config.adaptive_margin), drift=str(config.adaptive_drift))
+                     margin=float(config.adaptive_margin), drift=str(config.adaptive_drift),
+                     probe_every=probe_every(config, s))
+
+
+def probe_every(config, s: dict) -> int:
+  """The call-level skip of adaptive setting ``s`` (``config.adaptive_probe_every``) where it
+  applies (``sj.Adaptive``'s ``probe_every``: a cost rule over a draft model, plain decoding on
+  the menu), else 0."""
+  drafted = s["base"] in DRAFT_MODEL_BASES + ("tree",)
+  applies = s["rule"] in COST_RULES and drafted and tuple(s["choices"])[0] == 0
+  return int(config.adaptive_probe_every) if applies else 0
 
 
 # ------------------------------------------------------------------------------------------ table

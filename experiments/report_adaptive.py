@@ -37,6 +37,10 @@ def choice_lines(results: dict) -> list[str]:
                 f"target steps, {timed})")
     elif e.get("calibration_error"):
       prior += f"; priced by the bare table ({e['calibration_error']})"
+    skips = e.get("draft_skips")
+    if skips:  # sj.Adaptive(probe_every=): calls run without the draft, the rest probes
+      prior += (f"; draft skipped in {skips[0]} of {skips[1]} timed calls (the shares above: "
+                f"the probes')")
     out.append(f"- {adaptive_label(e)}{mesh} T={e['temperature']:g}: {shares} "
                f"({sum(counts)} iterations{prior})")
   return out

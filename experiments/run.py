@@ -267,6 +267,9 @@ def run_experiment(config, command: str | None = None) -> dict:
           rec["prior_evidence"] = [float(x) for x in np.asarray(stats.acceptance_evidence)]  # end
           if rec["rule"] == "checked":  # and the check's tally
             rec["prior_tally"] = np.asarray(stats.model_tally, np.float64).tolist()
+          if runner.skips_draft(rec, batches[0]):  # its skip cycle's plain loop compiled too
+            runner(rec, batches[0], (0, 0))
+            rec.pop("draft_skips")
         rec["memory"] = runner.memory(rec, batches[0])
         if bar is not None:
           bar.update(1)

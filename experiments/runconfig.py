@@ -158,6 +158,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.adaptive_warm = True  # adaptive_prior; results.json records each setting's "prior"
   # > 0: the cost rule's table priced by its own loop (sj.Adaptive.calibrated: this many repeats
   c.adaptive_calibration = 3  # on the first batch; docs/benchmarks.md, session 44); 0: bare
+  # The cost rule's call-level skip over a draft model (sj.Adaptive(probe_every=)): a timed call
+  # whose warmed estimates price plain decoding best runs a cycle of this many calls, all but the
+  # last plain decoding without the draft, the last the rule (the probe); 0: off
+  c.adaptive_probe_every = 4
   c.max_ngram = 3  # prompt_lookup: the longest n-gram looked up in the row's own text
   # Token trees and multi-draft methods run by method "tree", one setting per spec
   # (parse_tree_spec): full:DxB, chains:NxD, comb:DxW, dynamic:DxWxN (EAGLE-2), spectr:KxL
@@ -485,6 +489,10 @@ def _check_adaptive(config) -> None:
   except ValueError as e:
     raise ConfigError(str(e)) from None
   _check_int(config, "adaptive_calibration", 0)
+  _check_int(config, "adaptive_probe_every", 0)
+  if config.adaptive_probe_every == 1:
+    raise ConfigError("adaptive_probe_every=1 would probe at every call, i.e. never skip: give 0 "
+                      "(off) or >= 2")
   rules = tuple(config.adaptive_rules)
   if not rules:
     raise ConfigError(f"adaptive_rules is empty; give at least one of {', '.join(ADAPTIVE_RULES)}")

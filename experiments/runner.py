@@ -115,11 +115,44 @@ class Runner:
       return self._hf(s, batch, key_seed)
     jax, sj = self.jax, self.sj
     args, kwargs = self._generate_args(s, batch, key_seed)
+    if self.skips_draft(s, batch):
+      return self._skip_cycle(s, args, kwargs)
     t0 = time.perf_counter()
     out = sj.generate(*args, **kwargs)
     jax.block_until_ready(out.tokens)
     seconds = time.perf_counter() - t0
     return seconds, np.asarray(out.tokens), out.stats
+
+  def skips_draft(self, s: dict, batch: list[list[int]]) -> bool:
+    """Whether setting ``s``'s next call on ``batch`` skips its draft (``sj.Adaptive``'s
+    ``skips_draft``; False for every other method)."""
+    if METHODS[s["method"]].hf:
+      return False
+    skips = getattr(self.method(s)[1], "skips_draft", None)
+    return skips is not None and skips(len(batch), int(self.config.max_new_tokens))
+
+  def _skip_cycle(self, s: dict, args, kwargs):
+    """A call of an adaptive setting whose estimates skip the draft (``sj.Adaptive``'s
+    ``probe_every``), timed as what a user's run of such calls is: ``probe_every - 1`` calls
+    of plain decoding, the draft skipped, then the probe (the rule), each call starting from the
+    last's ``warmed`` state. Returns the probe's tokens and stats with the cycle's seconds per
+    token (its seconds scaled by the probe's share of its tokens); ``s["draft_skips"]`` counts
+    [skipped calls, calls]."""
+    jax, sj = self.jax, self.sj
+    method, seconds, made = kwargs.pop("method"), 0.0, 0
+    while True:
+      t0 = time.perf_counter()
+      out = sj.generate(*args, method=method, **kwargs)
+      jax.block_until_ready(out.tokens)
+      seconds += time.perf_counter() - t0
+      tokens = np.asarray(out.tokens)
+      made += int(np.sum(tokens >= 0))
+      counts = s.setdefault("draft_skips", [0, 0])
+      counts[0] += int(out.stats.draft_skipped)
+      counts[1] += 1
+      if not out.stats.draft_skipped:  # the probe ends the cycle
+        return seconds * int(np.sum(tokens >= 0)) / max(made, 1), tokens, out.stats
+      method = method.warmed(out.stats)
 
   def _hf(self, s: dict, batch: list[list[int]], key_seed: tuple[int, int]):
     """transformers' generate on ``batch``, left-padded (its convention for decoder-only

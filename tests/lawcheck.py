@@ -301,7 +301,7 @@ def generate_rowwise(target, prompts, method, sampling, max_new_tokens, key, eos
   batch-of-one run. Outputs and stats lead with the row axis."""
   from specjax.decoding import generate as generate_lib
 
-  args, kwargs = generate_lib._loop_arguments(  # pylint: disable=protected-access
+  args, kwargs, _ = generate_lib._loop_arguments(  # pylint: disable=protected-access
       target, prompts[:1], method, sampling, max_new_tokens, key, eos_token_id, prompt_width,
       None, None, "rules")
   graphdef, state, proposer, params, prompt, lengths, _ = args

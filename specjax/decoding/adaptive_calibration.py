@@ -128,7 +128,8 @@ def timed_calls(method, target, prompts, *, sampling, max_new_tokens: int,
       raise ValueError(f"a shorter length = {n} must be below max_new_tokens = {longest}")
   lengths = (longest, *dict.fromkeys(shorter))
   key = jax.random.key(0) if key is None else key
-  held = {k: dataclasses.replace(method, costs=held_table(method.costs, method.choices, k))
+  held = {k: dataclasses.replace(method, costs=held_table(method.costs, method.choices, k),
+                                 probe_every=0)  # each call the held loop, never a skip
           for k in method.choices}
 
   def call(k, length):

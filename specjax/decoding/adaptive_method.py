@@ -4,22 +4,28 @@ menu, 0 (plain decoding) included; the proposer and its rules: ``specjax.propose
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specjax import options
 from specjax.decoding import methods
-from specjax.decoding.methods import Jacobi, PromptLookup, SelfSpeculative, Speculative
+from specjax.decoding.methods import (Jacobi, PromptLookup, SelfSpeculative, Speculative, SpecTr,
+                                      TreeSpeculative)
 from specjax.models.transformer import Transformer
 from specjax.proposers import adaptive as adaptive_lib
 from specjax.proposers.adaptive import AdaptiveParams, AdaptiveProposer
+from specjax.proposers.adaptive_model import entry_factors, menu_scores
 from specjax.proposers.jacobi import JacobiProposer
 
 # The field that sets a chain method's draft length, for ``Adaptive``.
 ADAPTIVE_LENGTH = {Speculative: "gamma", SelfSpeculative: "gamma", PromptLookup: "num_tokens",
                    Jacobi: "block"}
+# The methods with a draft model, whose upkeep a call-level skip saves (``probe_every``).
+DRAFTED = (Speculative, SelfSpeculative, TreeSpeculative, SpecTr)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -51,6 +57,16 @@ class Adaptive:
   its guess falls below ``threshold`` (HF's 0.4; draft models only). The choice depends only on
   past iterations and the draft's own proposals, so every rule is lossless (``sj.Sampling``'s
   law, greedy tokens at T = 0).
+
+  ``probe_every`` (0: off; rule ``"cost"`` over a draft model with 0 on the menu): a call whose
+  starting estimates (``warmed``; never a call without evidence) make plain decoding the
+  model's best entry, by more than the factor ``1 + margin``, runs as ``Autoregressive()``: the
+  draft skipped altogether (no prefill, no looks: the upkeep that lets the draft resume within
+  a call, 1-3% of a plain call; docs/benchmarks.md, session 49), except that after
+  ``probe_every - 1`` such calls in a row the next runs the rule (the probe: its looks bring
+  new evidence). ``warmed`` counts the skipped calls (``skipped_calls``; ``DecodeStats``'s
+  ``draft_skipped``) and a probe restarts the count. vLLM switches its drafts off by batch size
+  (``speculative_disable_by_batch_size``); this one decides by the measured model.
   """
 
   method: Any
@@ -66,6 +82,8 @@ class Adaptive:
   prior_evidence: float | tuple[float, ...] = 0.0
   correct: bool = False
   prior_tally: Any = None  # the check's tally to start from: [made, modelled], K values each
+  probe_every: int = 0  # the call-level skip: every probe_every-th call probes (0: never skip)
+  skipped_calls: int = 0  # calls skipped in a row before this one (``warmed`` counts them)
   name = "adaptive"
 
   def __post_init__(self):
@@ -88,6 +106,7 @@ class Adaptive:
       raise ValueError(f"the confidence rule stops a draft model by its own probabilities; "
                        f"{type(self.method).__name__} has none")
     menu_costs(self.costs, self.choices, self.rule, self.tree_nodes, self.draft_widths)
+    check_probing(self.probe_every, self.skipped_calls, self.rule, self.choices, self.method)
 
   @property
   def tree_nodes(self) -> tuple[int, ...] | None:
@@ -140,6 +159,8 @@ class Adaptive:
     to 0 at its first miss: on the benchmark pair at batch 4 the rule then decoded plainly in
     79% of iterations where one draft paid 7%; docs/benchmarks.md, session 42). Lossless like
     any prior: it depends on earlier calls only."""
+    if getattr(stats, "draft_skipped", False):  # a skipped call: nothing new but the count
+      return dataclasses.replace(self, skipped_calls=self.skipped_calls + 1)
     estimates = getattr(stats, "acceptance_estimates", stats)
     values = tuple(float(x) for x in np.asarray(estimates, np.float64).reshape(-1))
     if len(values) != self.gamma:
@@ -147,8 +168,33 @@ class Adaptive:
                        f"the largest choice), got {len(values)}: stats of another method?")
     evidence = np.asarray(getattr(stats, "acceptance_evidence", 0.0), np.float64).reshape(-1)
     tally = getattr(stats, "model_tally", None)
-    return dataclasses.replace(self, prior=values, prior_tally=tally,
+    return dataclasses.replace(self, prior=values, prior_tally=tally, skipped_calls=0,
                                prior_evidence=tuple(float(x) for x in evidence))
+
+  def skips_draft(self, batch: int, max_new_tokens: int) -> bool:
+    """Whether a call of ``batch`` rows and ``max_new_tokens`` skips the draft (``probe_every``):
+    not a probe, evidence behind the estimates, and plain decoding's modelled tokens per unit of
+    cost at the call's start (``adaptive_model.menu_scores``: the rule's first choice, every
+    row active) above ``1 + margin`` times every drafting entry's."""
+    if (not self.probe_every or self.skipped_calls + 1 >= self.probe_every
+        or not any(self.prior_evidence)):
+      return False
+    gamma = self.gamma
+    factors = (None if not self.correct or self.prior_tally is None
+               else entry_factors(jnp.asarray(self.prior_tally, jnp.float32)))
+    scores = np.asarray(start_scores(
+        jnp.asarray(menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
+                               self.draft_widths), jnp.float32),
+        jnp.broadcast_to(jnp.asarray(self.prior, jnp.float32), (batch, gamma)),
+        jnp.broadcast_to(jnp.asarray(self.prior_evidence, jnp.float32), (batch, gamma)),
+        jnp.full((batch,), max(int(max_new_tokens) - 1, 1), jnp.int32), factors,
+        choices=self.choices, decay=float(self.decay)))
+    return bool(scores[0] > (1.0 + self.margin) * np.max(scores[1:]))
+
+  def for_call(self, batch: int, max_new_tokens: int):
+    """The method a call of ``batch`` rows runs: ``Autoregressive()`` where it skips the draft
+    (``skips_draft``), else this one (``sj.generate`` asks, and marks the skip in the stats)."""
+    return methods.Autoregressive() if self.skips_draft(batch, max_new_tokens) else self
 
   def calibrated(self, target: Transformer, prompts, *, sampling, max_new_tokens: int,
                  key=None, repeats: int = 3, **generate_kwargs) -> "Adaptive":
@@ -233,6 +279,31 @@ def per_position(given, depth: int, name: str, check=options.check_unit_number,
   for value in values:
     check(value, name)
   return tuple(float(v) for v in values) * (depth if len(values) == 1 else 1)
+
+
+@functools.partial(jax.jit, static_argnames=("choices", "decay"))
+def start_scores(costs, prior, evidence, remaining, factors, *, choices, decay):
+  """``menu_scores`` at a call's start, every row active (jitted: one dispatch a call)."""
+  active = jnp.ones(remaining.shape, bool)
+  return menu_scores(costs, prior, evidence, active, remaining, choices, decay, factors)
+
+
+def check_probing(probe_every, skipped_calls, rule: str, choices: tuple[int, ...],
+                  method) -> None:
+  """``sj.Adaptive``'s call-level skip settings, or a one-line ValueError: counts (ints >= 0),
+  and a skip only where it has something to skip (a draft model's upkeep) and a model that
+  says when (rule "cost", plain decoding on the menu)."""
+  for field, value in (("probe_every", probe_every), ("skipped_calls", skipped_calls)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+      raise ValueError(f"{field} must be an integer >= 0, got {value!r}")
+  if probe_every == 1:
+    raise ValueError("probe_every=1 would probe at every call, i.e. never skip: give 0 (off) "
+                     "or >= 2")
+  if probe_every and (rule != "cost" or choices[0] != 0 or not isinstance(method, DRAFTED)):
+    raise ValueError(f"probe_every skips a draft model's calls where the cost rule prices plain "
+                     f"decoding best: it needs rule 'cost', 0 on the menu and a method with a "
+                     f"draft model, got rule {rule!r}, choices {choices!r}, "
+                     f"{type(method).__name__}")
 
 
 def check_tally(given, entries: int) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -98,10 +98,12 @@ def generate(
   statistics are those of the unsharded run; in a multi-host run every process passes the same
   arguments and receives the whole (replicated) output.
   """
-  args, kwargs = _loop_arguments(model, prompts, method, sampling, max_new_tokens, key,
-                                 eos_token_id, prompt_width, mesh, sharding_rules,
-                                 draft_sharding)
+  args, kwargs, skipped = _loop_arguments(model, prompts, method, sampling, max_new_tokens, key,
+                                          eos_token_id, prompt_width, mesh, sharding_rules,
+                                          draft_sharding)
   tokens, out_lengths, stats = loop.decode_jit(*args, **kwargs)
+  if skipped:  # sj.Adaptive's call-level skip ran plain decoding: said in the stats
+    stats = stats.replace(draft_skipped=True)
   return GenerateOutput(tokens=tokens, lengths=out_lengths, stats=stats)
 
 
@@ -113,14 +115,15 @@ def compile_generate(*args, **kwargs) -> jax.stages.Compiled:
   ``generate``'s arguments."""
   bound = inspect.signature(generate).bind(*args, **kwargs)
   bound.apply_defaults()
-  loop_args, loop_kwargs = _loop_arguments(**bound.arguments)
+  loop_args, loop_kwargs, _ = _loop_arguments(**bound.arguments)
   return loop.decode_jit.lower(*loop_args, **loop_kwargs).compile()
 
 
 def _loop_arguments(model, prompts, method, sampling, max_new_tokens, key, eos_token_id,
                     prompt_width, mesh, sharding_rules, draft_sharding):
   """Validates ``generate``'s arguments (one-line ValueErrors, before anything compiles) and
-  returns the jitted loop's ``(args, kwargs)``."""
+  returns the jitted loop's ``(args, kwargs)`` and whether the method skips its draft in this
+  call (``sj.Adaptive``'s ``for_call``: the loop is then plain decoding's)."""
   check_model(model, "target")
   if not all(callable(getattr(method, name, None)) for name in ("proposer", "validate")):
     raise ValueError(f"unknown decoding method {method!r}: give an sj method such as "
@@ -168,11 +171,13 @@ def _loop_arguments(model, prompts, method, sampling, max_new_tokens, key, eos_t
                        f"{placement.data_size}: give a multiple of {placement.data_size} prompts "
                        f"or a mesh with a smaller data axis")
 
-  proposer, proposer_params = method.proposer(model)
+  call_method = getattr(method, "for_call", lambda batch, length: method)(
+      prompt.shape[0], max_new_tokens)
+  proposer, proposer_params = call_method.proposer(model)
   target_graphdef, target_state = nnx.split(model)
   if placement is not None:
     mesh = placement.mesh
-    draft = getattr(method, "draft", None)
+    draft = getattr(call_method, "draft", None)
     sharding_lib.check_divisible(model.config, target_state, mesh, placement.rules, "target")
     sharding_lib.check_divisible(getattr(draft, "config", model.config), proposer_params, mesh,
                                  placement.draft_rules, "draft")
@@ -186,4 +191,4 @@ def _loop_arguments(model, prompts, method, sampling, max_new_tokens, key, eos_t
   kwargs = dict(sampling=sampling, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
                 cache_length=prompt.shape[1] + max_new_tokens + proposer.num_candidates
                 + num_extra(proposer) + 1, placement=placement)
-  return args, kwargs
+  return args, kwargs, call_method is not method

@@ -49,6 +49,9 @@ class DecodeStats:
   # "exact" for every lossless method; a lossy verifier's label (Medusa's typical acceptance at
   # T > 0: ``specjax.verify.typical``) otherwise, so no report mistakes its run for a lossless one.
   verifier: str = flax.struct.field(pytree_node=False, default="exact")
+  # True where ``sj.Adaptive``'s call-level skip (``probe_every``) ran the call as plain
+  # decoding, its draft skipped (``warmed`` counts such calls).
+  draft_skipped: bool = flax.struct.field(pytree_node=False, default=False)
 
   @classmethod
   def zeros(cls, batch: int, gamma: int, choices: int = 0,

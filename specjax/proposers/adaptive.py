@@ -70,8 +70,8 @@ import jax.numpy as jnp
 
 from specjax import options
 from specjax import sampling as sampling_lib
-from specjax.proposers.adaptive_model import (batch_iterations, entry_factors, menu_moments,
-                                              observe, observe_many, shrink, tally)
+from specjax.proposers.adaptive_model import (entry_factors, menu_moments, menu_scores, observe,
+                                              observe_many, tally)
 from specjax.proposers.adaptive_plain import first_level, record_plain
 from specjax.proposers.base import CHAIN, Candidates
 from specjax.proposers.draft_chain import GammaChain
@@ -311,13 +311,8 @@ class AdaptiveProposer:
     model leaves out). The rows' estimates are first ``shrink``-ed toward the batch's mean by
     what the observations behind them (``seen``, float32[B, G]) leave as noise; each entry's
     modelled drafts are then scaled by ``factors`` (float32[K], ``entry_factors``) if given."""
-    acceptance = shrink(acceptance, seen, active, self.decay)
-    left = jnp.where(active, remaining, 0).astype(jnp.float32)
-    mean, variance = menu_moments(acceptance, self.choices)  # [B, K]: every entry at once
-    if factors is not None:
-      mean, variance = 1.0 + factors * (mean - 1.0), factors ** 2 * variance
-    iterations = jax.vmap(batch_iterations, (None, 1, 1, None))(left, mean, variance, active)
-    score = jnp.sum(left) / (costs * jnp.maximum(iterations, 1e-6))
+    score = menu_scores(costs, acceptance, seen, active, remaining, self.choices, self.decay,
+                        factors)
     top = jnp.argmax(score).astype(jnp.int32)
     keep = (last >= 0) & (score[top] <= (1.0 + self.margin) * score[jnp.maximum(last, 0)])
     return jnp.where(keep, last, top)

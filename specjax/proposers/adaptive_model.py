@@ -105,6 +105,25 @@ def batch_iterations(remaining: jax.Array, mean: jax.Array, variance: jax.Array,
   return lo + (hi - lo) * jnp.mean(1.0 - done)
 
 
+def menu_scores(costs: jax.Array, acceptance: jax.Array, seen: jax.Array, active: jax.Array,
+                remaining: jax.Array, choices: tuple[int, ...], decay: float,
+                factors: jax.Array | None = None) -> jax.Array:
+  """float32[K]: each menu entry's modelled tokens per unit of cost for the active rows (bool[B]):
+  their ``remaining`` tokens (int32[B]) over ``costs[k]`` (float32[K], target steps) times the
+  expected iterations until the slowest is done (``batch_iterations``) at entry k's tokens an
+  iteration (``menu_moments`` of ``choices``), the rows' estimates (float32[B, G]) first
+  ``shrink``-ed by the observations behind them (``seen``) and each entry's modelled drafts scaled
+  by ``factors`` (float32[K], ``entry_factors``) if given. The cost rule's objective
+  (``AdaptiveProposer.best``; ``sj.Adaptive``'s call-level skip reads it at a call's start)."""
+  acceptance = shrink(acceptance, seen, active, decay)
+  left = jnp.where(active, remaining, 0).astype(jnp.float32)
+  mean, variance = menu_moments(acceptance, choices)  # [B, K]: every entry at once
+  if factors is not None:
+    mean, variance = 1.0 + factors * (mean - 1.0), factors ** 2 * variance
+  iterations = jax.vmap(batch_iterations, (None, 1, 1, None))(left, mean, variance, active)
+  return jnp.sum(left) / (costs * jnp.maximum(iterations, 1e-6))
+
+
 PRIOR_WEIGHT = 2.0  # the prior counts as this many observations (``observe``)
 
 
