@@ -139,15 +139,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.skip = ()  # the layers self_speculative's draft leaves out (experiments/search_skip.py)
   # Method "adaptive" (sj.Adaptive): a draft length per iteration from the menu adaptive_choices
   # (0 = plain decoding) over adaptive_method (speculative, self_speculative, prompt_lookup,
-  # jacobi; or retrieval / suffix, whose entry k is their tree cut to depth k: retrieval_branches
-  # nodes a level within retrieval_nodes; or tree, below), one setting per rule of
-  # adaptive_rules: "cost" (the run's measured cost table), "schedule" (HF's +2/-1), "confidence"
-  # (the draft stops below adaptive_threshold; draft-model bases; its menu: 1..the largest
-  # choice); opt-in "checked": cost with correct=True. decay / prior / ...: the cost rule's.
+  # jacobi; retrieval / suffix, entry k their tree cut to depth k: retrieval_branches nodes a
+  # level within retrieval_nodes; tree, below), one setting per rule of adaptive_rules: "cost"
+  # (the run's measured cost table), "schedule" (HF's +2/-1), "confidence" (draft-model bases:
+  # the draft stops below adaptive_threshold; menu 1..max); opt-in "checked": correct=True.
   c.adaptive_method = "speculative"
-  # adaptive_method "tree": the draft's tree (a spec as in config.trees: full, chains, comb,
-  # dynamic, spectr, naive) cut to each depth of the menu (a dynamic tree's nodes prorated by
-  # depth; SpecTr's chains that long)
+  # adaptive_method "tree": the draft's tree (a spec as in config.trees) cut to each depth of
+  # the menu (a dynamic tree's nodes prorated by depth; SpecTr's chains that long)
   c.adaptive_tree = "dynamic:6x4x24"
   c.adaptive_choices = (0, 1, 2, 3, 4, 6)
   c.adaptive_rules = options.ADAPTIVE_RULES  # not "checked"
@@ -158,10 +156,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.adaptive_warm = True  # adaptive_prior; results.json records each setting's "prior"
   # > 0: the cost rule's table priced by its own loop (sj.Adaptive.calibrated: this many repeats
   c.adaptive_calibration = 3  # on the first batch; docs/benchmarks.md, session 44); 0: bare
-  # The cost rule's call-level skip over a draft model (sj.Adaptive(probe_every=)): a timed call
-  # whose warmed estimates price plain decoding best runs a cycle of this many calls, all but the
-  # last plain decoding without the draft, the last the rule (the probe); 0: off
-  c.adaptive_probe_every = 4
+  # sj.Adaptive(probe_every=): a timed call priced plain runs a cycle of this many, the draft
+  c.adaptive_probe_every = 4  # skipped in all but the last (the probe; cost rules); 0: off
   c.max_ngram = 3  # prompt_lookup: the longest n-gram looked up in the row's own text
   # Token trees and multi-draft methods run by method "tree", one setting per spec
   # (parse_tree_spec): full:DxB, chains:NxD, comb:DxW, dynamic:DxWxN (EAGLE-2), spectr:KxL
@@ -221,9 +217,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.dry_run = False  # validate and print the plan, load nothing
   # Devices (specjax.sharding): every setting runs once per entry of meshes, "" = one device,
   # "DxM" = a mesh of D data-parallel x M tensor-parallel devices (of every process); the report
-  # gives each sharded row's tokens/s over the same setting on one device, and the compiled
-  # loop's memory per device. The draft is split like the target ("rules") or whole on every
-  # device of the model axis ("replicated").
+  # gives each sharded row's tokens/s over one device's and the loop's memory per device. The
+  # draft is split like the target ("rules") or whole on every model-axis device ("replicated").
   c.meshes = ("",)
   c.draft_sharding = "rules"
   # > 0: run on this many host (CPU) devices, as XLA_FLAGS=--xla_force_host_platform_device_count
@@ -486,13 +481,10 @@ def _check_adaptive(config) -> None:
     for name in (f"adaptive_{name}" for name in options.ADAPTIVE_DEFAULTS):
       options.check_unit_number(config[name], name, open_at_zero=name == "adaptive_decay")
     options.check_adaptive_drift(config.adaptive_drift, "adaptive_drift")
+    options.check_probe_every(config.adaptive_probe_every, "adaptive_probe_every")
   except ValueError as e:
     raise ConfigError(str(e)) from None
   _check_int(config, "adaptive_calibration", 0)
-  _check_int(config, "adaptive_probe_every", 0)
-  if config.adaptive_probe_every == 1:
-    raise ConfigError("adaptive_probe_every=1 would probe at every call, i.e. never skip: give 0 "
-                      "(off) or >= 2")
   rules = tuple(config.adaptive_rules)
   if not rules:
     raise ConfigError(f"adaptive_rules is empty; give at least one of {', '.join(ADAPTIVE_RULES)}")

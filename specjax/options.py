@@ -72,6 +72,16 @@ def check_count(value, field: str) -> None:
     raise ValueError(f"{field} must be a finite number >= 0 (observations), got {value!r}")
 
 
+def check_probe_every(value, field: str = "probe_every") -> None:
+  """``sj.Adaptive``'s ``probe_every`` (the runner's ``adaptive_probe_every``): 0 (off) or an
+  integer >= 2 (1 would probe at every call); else a one-line ValueError naming ``field``."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise ValueError(f"{field} must be an integer >= 0, got {value!r}")
+  if value == 1:
+    raise ValueError(f"{field}=1 would probe at every call, i.e. never skip: give 0 (off) or "
+                     f">= 2")
+
+
 def check_unit_number(value, field: str, open_at_zero: bool = False) -> None:
   """A number in [0, 1] (``(0, 1]`` with ``open_at_zero``): ``sj.Adaptive``'s decay, prior,
   forget and threshold; else a one-line ValueError naming ``field`` and the value."""

@@ -293,12 +293,9 @@ def check_probing(probe_every, skipped_calls, rule: str, choices: tuple[int, ...
   """``sj.Adaptive``'s call-level skip settings, or a one-line ValueError: counts (ints >= 0),
   and a skip only where it has something to skip (a draft model's upkeep) and a model that
   says when (rule "cost", plain decoding on the menu)."""
-  for field, value in (("probe_every", probe_every), ("skipped_calls", skipped_calls)):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-      raise ValueError(f"{field} must be an integer >= 0, got {value!r}")
-  if probe_every == 1:
-    raise ValueError("probe_every=1 would probe at every call, i.e. never skip: give 0 (off) "
-                     "or >= 2")
+  options.check_probe_every(probe_every)
+  if isinstance(skipped_calls, bool) or not isinstance(skipped_calls, int) or skipped_calls < 0:
+    raise ValueError(f"skipped_calls must be an integer >= 0, got {skipped_calls!r}")
   if probe_every and (rule != "cost" or choices[0] != 0 or not isinstance(method, DRAFTED)):
     raise ValueError(f"probe_every skips a draft model's calls where the cost rule prices plain "
                      f"decoding best: it needs rule 'cost', 0 on the menu and a method with a "
