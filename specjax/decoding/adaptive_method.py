@@ -191,7 +191,7 @@ class Adaptive:
         choices=self.choices, decay=float(self.decay)))
     return bool(scores[0] > (1.0 + self.margin) * np.max(scores[1:]))
 
-  def for_call(self, batch: int, max_new_tokens: int):
+  def for_call(self, batch: int, max_new_tokens: int) -> Any:
     """The method a call of ``batch`` rows runs: ``Autoregressive()`` where it skips the draft
     (``skips_draft``), else this one (``sj.generate`` asks, and marks the skip in the stats)."""
     return methods.Autoregressive() if self.skips_draft(batch, max_new_tokens) else self
