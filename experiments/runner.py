@@ -146,12 +146,13 @@ class Runner:
       jax.block_until_ready(out.tokens)
       seconds += time.perf_counter() - t0
       tokens = np.asarray(out.tokens)
-      made += int(np.sum(tokens >= 0))
+      emitted = int(np.sum(tokens >= 0))
+      made += emitted
       counts = s.setdefault("draft_skips", [0, 0])
       counts[0] += int(out.stats.draft_skipped)
       counts[1] += 1
       if not out.stats.draft_skipped:  # the probe ends the cycle
-        return seconds * int(np.sum(tokens >= 0)) / max(made, 1), tokens, out.stats
+        return seconds * emitted / max(made, 1), tokens, out.stats
       method = method.warmed(out.stats)
 
   def _hf(self, s: dict, batch: list[list[int]], key_seed: tuple[int, int]):

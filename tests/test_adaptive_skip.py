@@ -151,7 +151,7 @@ class ErrorTest(parameterized.TestCase):
       ("bool", dict(probe_every=True), "probe_every must be an integer >= 0, got True"),
       ("one", dict(probe_every=1), "probe_every=1 would probe at every call"),
       ("count", dict(probe_every=3, skipped_calls=-2),
-       "skipped_calls must be an integer >= 0, got -2"),
+       "skipped_calls must be an integer >= 0 (calls skipped in a row), got -2"),
       ("schedule", dict(probe_every=3, rule="schedule"), "got rule 'schedule'"),
       ("no_plain", dict(probe_every=3, choices=(1, 2)), "choices (1, 2)"))
   def test_errors(self, kwargs, message):

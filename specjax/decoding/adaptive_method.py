@@ -294,8 +294,7 @@ def check_probing(probe_every, skipped_calls, rule: str, choices: tuple[int, ...
   and a skip only where it has something to skip (a draft model's upkeep) and a model that
   says when (rule "cost", plain decoding on the menu)."""
   options.check_probe_every(probe_every)
-  if isinstance(skipped_calls, bool) or not isinstance(skipped_calls, int) or skipped_calls < 0:
-    raise ValueError(f"skipped_calls must be an integer >= 0, got {skipped_calls!r}")
+  methods.check_count(skipped_calls, "skipped_calls", "calls skipped in a row", 0)
   if probe_every and (rule != "cost" or choices[0] != 0 or not isinstance(method, DRAFTED)):
     raise ValueError(f"probe_every skips a draft model's calls where the cost rule prices plain "
                      f"decoding best: it needs rule 'cost', 0 on the menu and a method with a "
