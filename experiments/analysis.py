@@ -31,7 +31,8 @@ def _entry(rec: dict) -> dict:
   entry.update({k: rec[k] for k in ("rule", "base", "base_tree", "choices", "passes",
                                     "draft_widths", "cost_table", "verify", "prior",
                                     "prior_evidence", "prior_tally", "calibration_s",
-                                    "calibration_from", "calibration_error", "draft_skips")
+                                    "calibration_from", "calibration_error", "draft_skips",
+                                    "probe_cost")
                 if k in rec})
   # The greedy/sampled outputs of the first timed repeat, to compare runs (e.g. one process
   # against several) without storing every token.

@@ -5,7 +5,8 @@ number of repeats each keeps the fastest of: one long series of the calibration'
 (``adaptive_calibration.priced``: each call's fastest time, one fit, each entry its own
 iteration, and the fit pooled on the bare table's shape beside it). For each group size, each
 menu entry's iteration relative to plain decoding's (what the rule weighs), its median over the
-groups and their range, beside the bare table's ratio; ``--divisors``: shorter second lengths
+groups and their range, beside the bare table's ratio, and the bare autoregressive loop's (what
+a skipped call pays, ``probe_every``: its own fit); ``--divisors``: shorter second lengths
 (the calls at every length are timed in one series; each is priced with ``max_new_tokens``).
 
     python -m experiments.calibration_spread --target=runs/train_bench/target \
@@ -46,10 +47,11 @@ def spread(method, calls, group: int, lengths=None,
     part = [c for c in calls if first <= c.repeat < first + group
             and (lengths is None or c.length in lengths)]
     try:
-      loop = adaptive_calibration.priced(method, part, pooled).loop
+      priced = adaptive_calibration.priced(method, part, pooled)
     except adaptive_calibration.CalibrationNoise:
       continue
-    out.append({k: v / loop[0] for k, v in loop.items()})
+    out.append({k: v / priced.loop[0] for k, v in
+                (*priced.loop.items(), (adaptive_calibration.SKIPPED, priced.autoregressive))})
   return out
 
 
@@ -68,7 +70,7 @@ def main(argv):
   table = sj.CostTable.measure(target, draft, batch=len(prompts), context=256,
                                cache_length=256 + FLAGS.max_new_tokens, sampling=sampling,
                                **passes)
-  method = sj.Adaptive(inner, choices=MENU, costs=table)
+  method = sj.Adaptive(inner, choices=MENU, costs=table, probe_every=4)  # + the bare AR loop
   longest = FLAGS.max_new_tokens
   shorter = tuple(longest // int(d) for d in FLAGS.divisors)
   calls = adaptive_calibration.timed_calls(method, target, prompts, sampling=sampling,
@@ -84,7 +86,9 @@ def main(argv):
   for n in shorter:
     seconds = sum(c.seconds for c in calls if c.length in (longest, n)) / FLAGS.repeats
     print(f"\nlengths {longest} and {n} ({seconds:.1f} s a round)")
-    print(f"{'rounds kept':>12s} {'groups':>6s}  " + "  ".join(f"{k:>19d}" for k in MENU[1:]))
+    entries = (*MENU[1:], adaptive_calibration.SKIPPED)
+    print(f"{'rounds kept':>12s} {'groups':>6s}  " + "  ".join(f"{k:>19d}" for k in MENU[1:])
+          + f"  {'skipped call':>19s}")
     print(f"{'bare table':>12s} {'':>6s}  " + "  ".join(f"{bare[k] / bare[0]:19.3f}"
                                                       for k in MENU[1:]))
     for pooled in (True, False):
@@ -92,7 +96,7 @@ def main(argv):
       for group in (int(g) for g in FLAGS.groups):
         ratios = spread(method, calls, group, (longest, n), pooled)
         cells = []
-        for k in MENU[1:]:
+        for k in entries:
           x = np.asarray([r[k] for r in ratios])
           cells.append(f"{np.median(x):.3f} ({x.min():.3f}-{x.max():.3f})" if len(x) else
                        "noise")

@@ -261,7 +261,8 @@ def _adaptive(config, s: dict, models: dict):
   """``sj.Adaptive`` over the base method built by its own entry at the largest choice, with the
   run's measured table for that base (``s["cost_table"]``, set once the costs are measured) and
   the prior ``s["prior"]`` once the warm-up set it (``adaptive_warm``; rule "checked": also the
-  check's tally, ``s["prior_tally"]``), else ``adaptive_prior``."""
+  check's tally, ``s["prior_tally"]``; and its call's cost over a skipped call's,
+  ``s["probe_cost"]``), else ``adaptive_prior``."""
   import specjax as sj
   base = METHODS[s["base"]]
   table = s.get("cost_table")
@@ -277,7 +278,8 @@ def _adaptive(config, s: dict, models: dict):
                      forget=float(config.adaptive_forget),
                      threshold=float(config.adaptive_threshold),
                      margin=float(config.adaptive_margin), drift=str(config.adaptive_drift),
-                     probe_every=probe_every(config, s))
+                     probe_every=probe_every(config, s),
+                     probe_cost=float(s.get("probe_cost", 0.0)))
 
 
 def probe_every(config, s: dict) -> int:

@@ -33,10 +33,14 @@ def choice_lines(results: dict) -> list[str]:
     if loop:  # sj.Adaptive.calibrated: each entry's loop iteration, in target steps
       timed = (f"timed by {e['calibration_from']}" if e.get("calibration_from")
                else f"{e.get('calibration_s', 0.0):.0f} s")
+      bare = (e.get("cost_table") or {}).get("autoregressive")
+      bare = f", a skipped call's {bare:.2f}" if bare else ""
       prior += (f"; priced by its loop ({' '.join(f'{k}: {v:.2f}' for k, v in loop.items())} "
-                f"target steps, {timed})")
+                f"target steps{bare}, {timed})")
     elif e.get("calibration_error"):
       prior += f"; priced by the bare table ({e['calibration_error']})"
+    if e.get("probe_cost"):  # the warm-up's call priced against a skipped call's
+      prior += f"; the warm-up's call cost {e['probe_cost']:.3f}x a skipped call's"
     skips = e.get("draft_skips")
     if skips:  # sj.Adaptive(probe_every=): calls run without the draft, the rest probes
       prior += (f"; draft skipped in {skips[0]} of {skips[1]} timed calls (the shares above: "

@@ -263,10 +263,11 @@ def run_experiment(config, command: str | None = None) -> dict:
           bar.set_postfix_str(setting_label(rec), refresh=False)
         rec["warmup_s"], _, stats = runner(rec, batches[0], (0, 0))
         if rec.get("rule") in COST_RULES and config.adaptive_warm:  # the timed calls start
-          rec["prior"] = [float(x) for x in np.asarray(stats.acceptance_estimates)]  # from its
-          rec["prior_evidence"] = [float(x) for x in np.asarray(stats.acceptance_evidence)]  # end
+          warmed = runner.method(rec)[1].warmed(stats)  # from its end (sj.Adaptive.warmed)
+          rec.update(prior=list(warmed.prior), prior_evidence=list(warmed.prior_evidence),
+                     probe_cost=warmed.probe_cost)
           if rec["rule"] == "checked":  # and the check's tally
-            rec["prior_tally"] = np.asarray(stats.model_tally, np.float64).tolist()
+            rec["prior_tally"] = np.asarray(warmed.prior_tally, np.float64).tolist()
           if runner.skips_draft(rec, batches[0]):  # its skip cycle's plain loop compiled too
             runner(rec, batches[0], (0, 0))
             rec.pop("draft_skips")

@@ -64,7 +64,7 @@ class Runner:
     key = (s["method"], s["gamma"], s.get("tree"), s.get("mesh", ""), s.get("rule"),
            None if table is None else (s["temperature"], str(table.get("loop"))),
            tuple(s.get("prior") or ()), tuple(s.get("prior_evidence") or ()),
-           str(s.get("prior_tally")))
+           str(s.get("prior_tally")), s.get("probe_cost"))
     if key not in self.methods:
       entry = METHODS[s["method"]]
       self.methods[key] = (entry.role,

@@ -90,7 +90,10 @@ class CostTable:
   iteration of an ``sj.Adaptive`` loop held at that entry, timed in the loop itself
   (``sj.Adaptive.calibrated``: its bookkeeping, rollback and a skipped draft's catch-up
   included, which the bare passes leave out), priced instead of the passes where present (for
-  the method and menu it was timed with); ``target_step_ms``: the unit, in milliseconds;
+  the method and menu it was timed with); ``autoregressive``: one iteration of the bare
+  autoregressive loop, timed beside the entries by the same calibration (what a call that skips
+  the draft runs, ``sj.Adaptive(probe_every=)``; 0: not timed, ``skipped_step``);
+  ``target_step_ms``: the unit, in milliseconds;
   ``device``: where it was measured;
   ``sampling``: the ``sj.Sampling`` its steps and iterations ran at (greedy by default: a sampled
   iteration draws its drafts and applies rejection sampling, and costs more than a greedy one).
@@ -102,6 +105,7 @@ class CostTable:
   iteration: dict[int, float] = dataclasses.field(default_factory=dict)
   head_step: dict[str, float] = dataclasses.field(default_factory=dict)
   loop: dict[int, float] = dataclasses.field(default_factory=dict)
+  autoregressive: float = 0.0
   batch: int
   context: int
   target_step_ms: float
@@ -129,6 +133,7 @@ class CostTable:
         iteration=_costs_by_int("iteration", self.iteration),
         head_step={n: _cost(f"head_step[{n!r}]", v) for n, v in sorted(self.head_step.items())},
         loop=_costs_by_int("loop", self.loop, minimum=0),
+        autoregressive=_cost("autoregressive", self.autoregressive, allow_zero=True),
         batch=checked_int("batch", self.batch, 1), context=checked_int("context", self.context, 0),
         target_step_ms=_cost("target_step_ms", self.target_step_ms))
     for name, value in fields.items():  # normalised copies: the caller's dicts stay theirs
@@ -181,6 +186,13 @@ class CostTable:
     drafting = sum(self.draft_pass_cost(checked_int("draft width", w, 1)) for w in draft_widths)
     return drafting + self.pass_cost(checked_int("tree_nodes", tree_nodes, 1) + 1)
 
+  def skipped_step(self) -> float:
+    """What a call that skips the draft (plain decoding, ``sj.Autoregressive()``) pays an
+    iteration, in target steps: the timed bare loop's (``autoregressive``), else the menu's
+    plain entry (``entry_cost(0)``: the calibrated loop's plain iteration, which carries the
+    skipped draft's upkeep, or the bare step 1.0)."""
+    return self.autoregressive or self.entry_cost(0)
+
   def entry_costs(self, choices, tree_nodes=None, draft_widths=None) -> tuple[float, ...]:
     """``entry_cost`` of every entry of an ``sj.Adaptive`` menu (``choices[i]`` drafts; with
     ``tree_nodes``, a tree of ``tree_nodes[i]`` nodes drafted in passes over
@@ -204,6 +216,7 @@ class CostTable:
             "iteration": {str(k): v for k, v in self.iteration.items()},
             "head_step": dict(self.head_step),
             "loop": {str(k): v for k, v in self.loop.items()},
+            "autoregressive": self.autoregressive,
             "batch": self.batch, "context": self.context,
             "target_step_ms": self.target_step_ms, "device": self.device,
             "sampling": dataclasses.asdict(self.sampling)}

@@ -64,12 +64,12 @@ def check_adaptive_drift(value, field: str = "drift") -> None:
     raise ValueError(f"{field} must be one of {', '.join(ADAPTIVE_DRIFTS)}, got {value!r}")
 
 
-def check_count(value, field: str) -> None:
-  """A finite number >= 0 (observations: ``sj.Adaptive``'s ``prior_evidence``); else a one-line
-  ValueError naming ``field`` and the value."""
+def check_count(value, field: str, meaning: str = "observations") -> None:
+  """A finite number >= 0 (observations: ``sj.Adaptive``'s ``prior_evidence``; a cost ratio:
+  its ``probe_cost``); else a one-line ValueError naming ``field`` and the value."""
   ok = isinstance(value, (int, float)) and not isinstance(value, bool)
   if not ok or not math.isfinite(value) or value < 0:
-    raise ValueError(f"{field} must be a finite number >= 0 (observations), got {value!r}")
+    raise ValueError(f"{field} must be a finite number >= 0 ({meaning}), got {value!r}")
 
 
 def check_probe_every(value, field: str = "probe_every") -> None:

@@ -39,14 +39,29 @@ NEW = 12
 # 1.29x: a fit pooled on the table's shape misprices them); a call's fixed part
 SECONDS = (1.15e-3, 1.74e-3, 2.45e-3, 2.62e-3)
 FIXED = 0.04
+# The bare autoregressive loop's (what a skipped call runs, timed with ``probe_every``): below
+# the menu's plain entry by the skipped draft's upkeep, and a fixed part without its prefill
+AUTOREGRESSIVE, FIXED_AUTOREGRESSIVE = 1.05e-3, 0.03
+
+
+def held(stats) -> tuple[int, int]:
+  """(the menu index a calibration call held, -1 for the bare autoregressive loop; its
+  iterations), from its stats."""
+  counts = np.asarray(stats.choice_counts)
+  if not counts.size:
+    return -1, int(stats.target_calls) - 1
+  return int(np.argmax(counts)), int(counts.sum())
 
 
 def fake_clock(run):
   """``time_call`` with a clock by hand: ``FIXED + iterations x SECONDS[i]`` for the menu entry
-  i the call held (from its histogram), the iterations the loop's own."""
+  i the call held (from its histogram), the iterations the loop's own; the bare autoregressive
+  loop's at ``FIXED_AUTOREGRESSIVE`` and ``AUTOREGRESSIVE``."""
   stats, _ = run_call(run)
-  counts = np.asarray(stats.choice_counts)
-  return stats, FIXED + counts.sum() * SECONDS[int(np.argmax(counts))]
+  entry, iterations = held(stats)
+  if entry < 0:
+    return stats, FIXED_AUTOREGRESSIVE + iterations * AUTOREGRESSIVE
+  return stats, FIXED + iterations * SECONDS[entry]
 
 
 def interfered_clock(repeats: int):
@@ -57,8 +72,7 @@ def interfered_clock(repeats: int):
 
   def clock(run):
     stats, seconds = fake_clock(run)
-    counts = np.asarray(stats.choice_counts)
-    call = (int(np.argmax(counts)), int(counts.sum()))
+    call = held(stats)
     clean, made[call] = made[call] == sum(call) % repeats, made[call] + 1
     return stats, seconds * (1.0 if clean else 1.1 + 0.1 * ((made[call] + call[0]) % 5))
   return clock
@@ -68,7 +82,7 @@ def falling_clock(run):
   """A clock whose calls take the less time the more iterations they ran: the fit finds no
   positive iteration cost (the lengths' difference drowned in a machine's noise)."""
   stats, _ = run_call(run)
-  return stats, 1.0 / float(np.asarray(stats.choice_counts).sum())
+  return stats, 1.0 / held(stats)[1]
 
 
 run_call = adaptive_calibration.time_call
@@ -143,6 +157,7 @@ class CalibratedTest(absltest.TestCase):
     for k, s in zip(MENU, SECONDS):
       self.assertAlmostEqual(calibrated.costs.loop[k], s / unit, places=6, msg=f"entry {k}")
     self.assertEqual(calibrated.costs.verify, menu.costs.verify)  # the rest of the table kept
+    self.assertEqual(calibrated.costs.autoregressive, 0.0)  # no skip: its loop not timed
     self.assertEqual(calibrated.prior, menu.prior)
     out = sj.generate(target, GREEDY_PROMPTS, calibrated, max_new_tokens=NEW)
     self.assertEqual(loop.decode_jit._cache_size(), compiled)  # the costs are traced

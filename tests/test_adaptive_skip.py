@@ -8,10 +8,12 @@ errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import re
 import tempfile
+import types
 from unittest import mock
 
 import numpy as np
@@ -21,12 +23,12 @@ import specjax as sj
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
   from tests.test_adaptive import FLAT, MENU, PROHIBITIVE, methods, table
-  from tests.test_adaptive_calibration import fake_clock
+  from tests.test_adaptive_calibration import AUTOREGRESSIVE, fake_clock
   from tests.test_run_adaptive import _tiny
   from tests.test_speculative import GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG, greedy_reference
 except ImportError:  # pragma: no cover
   from test_adaptive import FLAT, MENU, PROHIBITIVE, methods, table
-  from test_adaptive_calibration import fake_clock
+  from test_adaptive_calibration import AUTOREGRESSIVE, fake_clock
   from test_run_adaptive import _tiny
   from test_speculative import GREEDY_NEW, GREEDY_PROMPTS, TF_CONFIG, greedy_reference
 
@@ -89,6 +91,66 @@ class CycleTest(absltest.TestCase):
     self.assertTrue(menu(skipped_calls=2).skips_draft(1, 65))
     self.assertFalse(menu(prior=0.9).skips_draft(1, 65))  # drafting pays: 3.44 / 2.2 = 1.56
 
+  def test_a_skipped_call_priced_by_the_bare_loop(self):
+    """At the same break-even, a table whose bare autoregressive loop (``autoregressive``, what
+    a skipped call runs) costs 0.95 of the menu's plain step: plain decoding 1 / 0.95 = 1.053
+    tokens a step, ahead of one draft's 0.929 by the factor 1.134: a margin of 0.13 skips and
+    0.14 does not."""
+    _, inner = methods()
+    bare = dataclasses.replace(table(), autoregressive=0.95)
+    menu = lambda **kw: sj.Adaptive(inner["speculative"], choices=MENU, costs=bare,
+                                    probe_every=4, prior=0.3, prior_evidence=10.0, **kw)
+    self.assertTrue(menu(margin=0.13).skips_draft(1, 65))
+    self.assertFalse(menu(margin=0.14).skips_draft(1, 65))
+
+  def test_the_last_rule_calls_cost(self):
+    """``warmed`` prices the call that ran the rule by the table: 10 plain iterations (1.0) and
+    5 of one draft (1.4 = a draft step and a 2-token pass) against the 20 iterations after the
+    first token of its longest row at a skipped call's 0.8: ``probe_cost`` 17 / 16 = 1.0625.
+    The next call skips although its estimates price drafting ahead (acceptance 0.9), unless
+    the margin covers it (0.07), in the probe, or without evidence; a probe that paid (cost
+    below a skipped call's) leaves it to the estimates."""
+    _, inner = methods()
+    bare = dataclasses.replace(table(), autoregressive=0.8)
+    method = sj.Adaptive(inner["speculative"], choices=MENU, costs=bare, probe_every=4)
+    stats = types.SimpleNamespace(acceptance_estimates=[0.9] * 3, acceptance_evidence=[8, 2, 0],
+                                  model_tally=None, choice_counts=[10, 5, 0, 0],
+                                  generated=[21, 18], draft_skipped=False)
+    warm = method.warmed(stats)
+    self.assertAlmostEqual(warm.probe_cost, 17 / 16, places=12)
+    self.assertTrue(warm.skips_draft(2, 21))
+    self.assertFalse(dataclasses.replace(warm, probe_cost=0.0).skips_draft(2, 21))  # 0.9 pays
+    self.assertFalse(dataclasses.replace(warm, margin=0.07).skips_draft(2, 21))
+    self.assertFalse(dataclasses.replace(warm, skipped_calls=3).skips_draft(2, 21))
+    self.assertFalse(dataclasses.replace(warm, prior_evidence=0.0).skips_draft(2, 21))
+    skipped = warm.warmed(types.SimpleNamespace(draft_skipped=True))
+    self.assertEqual((skipped.probe_cost, skipped.skipped_calls), (warm.probe_cost, 1))
+    one_draft = types.SimpleNamespace(**{**vars(stats), "choice_counts": [0, 10, 0, 0]})
+    paid = warm.warmed(one_draft)  # 10 x 1.4 / 16
+    self.assertAlmostEqual(paid.probe_cost, 14 / 16, places=12)
+    self.assertFalse(paid.skips_draft(2, 21))
+    for rule in ("schedule", "confidence"):  # no table to price by
+      other = sj.Adaptive(inner["speculative"], choices=MENU, rule=rule)
+      self.assertEqual(other.warmed(stats).probe_cost, 0.0)
+
+  def test_a_real_calls_cost_carried(self):
+    """A real call's stats: ``probe_cost`` is its histogram priced by the table over its
+    longest row's plain iterations at ``skipped_step``; the next call, skipped on it, decodes
+    the greedy tokens of plain decoding."""
+    target, inner = methods()
+    expected = greedy_reference(TF_CONFIG, GREEDY_NEW)
+    costs = dataclasses.replace(FLAT, autoregressive=0.5)
+    method = sj.Adaptive(inner["speculative"], choices=MENU, costs=costs, probe_every=3)
+    out = sj.generate(target, GREEDY_PROMPTS, method, max_new_tokens=GREEDY_NEW)
+    counts = np.asarray(out.stats.choice_counts)
+    plain = int(np.max(np.asarray(out.stats.generated))) - 1
+    warm = method.warmed(out.stats)
+    self.assertAlmostEqual(warm.probe_cost, counts.sum() * 1.0 / (plain * 0.5), places=6)
+    self.assertGreater(warm.probe_cost, 1.0)
+    again = sj.generate(target, GREEDY_PROMPTS, warm, max_new_tokens=GREEDY_NEW)
+    self.assertTrue(again.stats.draft_skipped)
+    np.testing.assert_array_equal(np.asarray(again.tokens), expected)
+
   def test_calibration_times_the_held_loops_not_skips(self):
     """``calibrated`` on a method that would skip prices the menu by its loops (each entry
     held there), not by plain decoding's."""
@@ -110,6 +172,8 @@ class CycleTest(absltest.TestCase):
     self.assertTrue(calls)
     self.assertFalse(any(calls))
     self.assertEqual(sorted(priced.costs.loop), list(MENU))
+    unit = PROHIBITIVE.target_step_ms / 1e3  # and what its skipped calls run, the bare loop
+    self.assertAlmostEqual(priced.costs.autoregressive, AUTOREGRESSIVE / unit, places=6)
     self.assertEqual(priced.probe_every, 3)
 
 
@@ -153,7 +217,11 @@ class ErrorTest(parameterized.TestCase):
       ("count", dict(probe_every=3, skipped_calls=-2),
        "skipped_calls must be an integer >= 0 (calls skipped in a row), got -2"),
       ("schedule", dict(probe_every=3, rule="schedule"), "got rule 'schedule'"),
-      ("no_plain", dict(probe_every=3, choices=(1, 2)), "choices (1, 2)"))
+      ("no_plain", dict(probe_every=3, choices=(1, 2)), "choices (1, 2)"),
+      ("probe_cost", dict(probe_every=3, probe_cost=-1.0),
+       "probe_cost must be a finite number >= 0 (a cost ratio), got -1.0"),
+      ("probe_cost_nan", dict(probe_every=3, probe_cost=float("nan")),
+       "probe_cost must be a finite number >= 0 (a cost ratio), got nan"))
   def test_errors(self, kwargs, message):
     _, inner = methods()
     kwargs = {"choices": MENU, "costs": table(), **kwargs}

@@ -155,6 +155,26 @@ class CostTableTest(absltest.TestCase):
       with self.assertRaisesRegex(ValueError, message):
         _table(loop=loop)
 
+  def test_a_skipped_calls_step(self):
+    """``autoregressive`` (the bare autoregressive loop's iteration, timed by a calibration of
+    a method that skips its draft for whole calls) is what ``skipped_step`` prices a skipped
+    call's iteration at; untimed (0, or a table saved before the field), the menu's plain
+    entry: the calibrated loop's, else the bare step 1.0."""
+    self.assertEqual(_table().skipped_step(), 1.0)
+    self.assertEqual(_table(loop={0: 1.05, 2: 1.9}).skipped_step(), 1.05)
+    table = _table(loop={0: 1.05, 2: 1.9}, autoregressive=0.98)
+    self.assertEqual(table.skipped_step(), 0.98)
+    self.assertEqual(table.entry_cost(0), 1.05)  # the menu's own plain entry unchanged
+    self.assertEqual(CostTable.from_json(table.to_json()), table)
+    self.assertEqual(json.loads(table.to_json())["autoregressive"], 0.98)
+    old = {k: v for k, v in table.to_dict().items() if k != "autoregressive"}
+    self.assertEqual(CostTable.from_dict(old).autoregressive, 0.0)
+    for value, message in ((-0.5, r"^autoregressive = -0\.5 must be finite and >= 0$"),
+                           (math.nan, r"^autoregressive = nan must be finite and >= 0$"),
+                           (True, r"^autoregressive = True must be a number$")):
+      with self.assertRaisesRegex(ValueError, message):
+        _table(autoregressive=value)
+
   def test_sampling_round_trip(self):
     """The sampling a table was timed at travels with it; a table saved before the field (no
     ``sampling`` key) was timed greedy."""

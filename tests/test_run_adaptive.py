@@ -17,10 +17,12 @@ from absl.testing import absltest, parameterized
 import pytest
 
 try:  # tests/ as a package, or tests/ on sys.path (pytest rootdir insertion)
-  from tests.test_adaptive_calibration import (GREEDY_PROMPTS, MENU, SECONDS, fake_clock,
-                                               falling_clock, interfered_clock, methods, table)
+  from tests.test_adaptive_calibration import (AUTOREGRESSIVE, GREEDY_PROMPTS, MENU, SECONDS,
+                                               fake_clock, falling_clock, interfered_clock,
+                                               methods, table)
 except ImportError:  # pragma: no cover
-  from test_adaptive_calibration import (GREEDY_PROMPTS, MENU, SECONDS, fake_clock, falling_clock,
+  from test_adaptive_calibration import (AUTOREGRESSIVE, GREEDY_PROMPTS, MENU, SECONDS,
+                                         fake_clock, falling_clock,
                                          interfered_clock, methods, table)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -127,10 +129,14 @@ class AdaptiveRunTest(absltest.TestCase):
     self.assertTrue({"1", "2", "3"} <= set(table["verify"]))
     # the cost rule's: the run's table priced by its loop (SECONDS a held entry's iteration)
     unit = table["target_step_ms"] / 1e3
+    # and the bare autoregressive loop's (AUTOREGRESSIVE: what its skipped calls pay)
     self.assertEqual(saved[0]["cost_table"], dict(table, loop={
-        str(k): saved[0]["cost_table"]["loop"][str(k)] for k in (0, 1, 2)}))
+        str(k): saved[0]["cost_table"]["loop"][str(k)] for k in (0, 1, 2)},
+        autoregressive=saved[0]["cost_table"]["autoregressive"]))
     for k, s in zip((0, 1, 2), SECONDS):
       self.assertAlmostEqual(saved[0]["cost_table"]["loop"][str(k)], s / unit, places=6)
+    self.assertAlmostEqual(saved[0]["cost_table"]["autoregressive"], AUTOREGRESSIVE / unit,
+                           places=6)
     self.assertGreater(saved[0]["calibration_s"], 0)
     for e in saved:
       self.assertEqual(e["gamma"], 2)  # the largest choice
@@ -161,7 +167,8 @@ class AdaptiveRunTest(absltest.TestCase):
     """Rule "checked" (``sj.Adaptive(rule="cost", correct=True)``): priced by the cost rule's
     calibration (timed once), warmed with its estimates and the check's tally, greedy = AR."""
     cost, checked = (e for e in self.rows(self.saved) if e["rule"] in ("cost", "checked"))
-    self.assertLen(self.timed, 3 * 2)  # one calibration: 3 entries at 2 lengths, 1 round ...
+    # one calibration: 3 entries and the bare autoregressive loop at 2 lengths, 1 round ...
+    self.assertLen(self.timed, 4 * 2)
     self.assertEqual(checked["cost_table"], cost["cost_table"])  # ... priced both
     self.assertEqual(checked["calibration_from"], "adaptive cost g=2 T=0")
     self.assertEqual(checked["calibration_s"], 0.0)
@@ -171,7 +178,8 @@ class AdaptiveRunTest(absltest.TestCase):
     self.assertGreater(sum(modelled), 0.0)
     self.assertLen(checked["prior"], 2)
     self.assertIn("- adaptive checked (speculative 0..2) T=0: ", self.md)
-    self.assertIn("target steps, timed by adaptive cost g=2 T=0))", self.md)
+    self.assertRegex(self.md, r"target steps, a skipped call's [0-9.]+, timed by adaptive cost "
+                     r"g=2 T=0\); ")
 
   def test_report(self):
     from experiments import report
@@ -191,7 +199,9 @@ class AdaptiveRunTest(absltest.TestCase):
                   f"{' '.join(f'{n:.0f}' for n in e['prior_evidence'])} observations; "
                   f"priced by its loop ("
                   f"{' '.join(f'{k}: {v:.2f}' for k, v in e['cost_table']['loop'].items())} "
-                  f"target steps, {e['calibration_s']:.0f} s))", self.md)
+                  f"target steps, a skipped call's {e['cost_table']['autoregressive']:.2f}, "
+                  f"{e['calibration_s']:.0f} s); the warm-up's call cost "
+                  f"{e['probe_cost']:.3f}x a skipped call's", self.md)
     self.assertGreater(e["prior_evidence"][0], 0)  # the warm-up's observations, carried
     self.assertIn("speculative == autoregressive: yes, token for token",
                   report.format_samples(self.results))

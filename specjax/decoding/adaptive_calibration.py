@@ -22,6 +22,11 @@ least squares (``fit_loop_seconds``), and the table's ``loop[k]`` is ``s_k`` in 
 (the table's ``target_step_ms``). No EOS stops a row: every call decodes its budget, so the
 iteration counts differ between the two lengths.
 
+A method that skips its draft for whole calls (``probe_every``) also has the bare autoregressive
+loop timed in the same rounds (entry ``SKIPPED``, its own fixed part: no draft prefill), the
+table's ``autoregressive``: what a skipped call pays an iteration, below the loop's plain entry by
+the skipped draft's upkeep (its looks and the text it follows).
+
 Each entry its own ``s_k``: sessions 43-44 pooled the entries on the bare table's shape
 (``s_k = b c_k + o_k``, ``c_k`` the bare price, ``o`` one value for plain decoding and one for
 every drafting entry; ``priced(pooled=True)``), which also imports that table's own timing noise
@@ -44,11 +49,14 @@ import jax
 import numpy as np
 
 from specjax.costs import CostTable, checked_int, shared
+from specjax.decoding import methods
 from specjax.decoding.generate import generate
 
 # A held entry's rivals cost this many times more an iteration: above any ratio of modelled
 # tokens an iteration (at most 1 + the largest choice), so the rule never leaves the entry.
 HOLD = 1e3
+# The entry of a call of the bare autoregressive loop (``Call.entry``): what a skipped call runs.
+SKIPPED = -1
 
 
 class CalibrationNoise(RuntimeError):
@@ -92,8 +100,9 @@ def time_call(run) -> tuple:
 
 
 class Call(NamedTuple):
-  """One timed call of the loop held at ``entry`` drafts: ``length`` new tokens a row, in the
-  ``repeat``-th round, ``iterations`` iterations in ``seconds``."""
+  """One timed call of the loop held at ``entry`` drafts (``SKIPPED``: the bare autoregressive
+  loop): ``length`` new tokens a row, in the ``repeat``-th round, ``iterations`` iterations in
+  ``seconds``."""
   entry: int
   length: int
   repeat: int
@@ -113,7 +122,8 @@ def timed_calls(method, target, prompts, *, sampling, max_new_tokens: int,
   """Every call ``calibrate`` times, ``repeats`` rounds of each menu entry at ``max_new_tokens``
   and at each of ``shorter`` (default: half of it; the entries' order rotated and the lengths'
   order reversed each round, so that machine noise hits all alike), after one untimed call per
-  length (the compilations)."""
+  length (the compilations); with ``probe_every``, the bare autoregressive loop's calls too
+  (entry ``SKIPPED``, after the menu's in each round)."""
   if method.rule != "cost" or not isinstance(method.costs, CostTable):
     raise ValueError(f"calibration prices rule 'cost' by its sj.CostTable; got rule "
                      f"{method.rule!r}, costs {type(method.costs).__name__}")
@@ -132,19 +142,26 @@ def timed_calls(method, target, prompts, *, sampling, max_new_tokens: int,
                                  probe_every=0)  # each call the held loop, never a skip
           for k in method.choices}
 
+  if method.probe_every:  # what a skipped call runs
+    held[SKIPPED] = methods.Autoregressive()
+
   def call(k, length):
     return lambda: generate(target, prompts, held[k], sampling, max_new_tokens=length, key=key,
                             **generate_kwargs)
 
   for length in lengths:  # compile the loops (the costs are traced: one loop per length)
-    jax.block_until_ready(call(method.choices[0], length)().tokens)
+    for k in {method.choices[0], SKIPPED} & set(held):
+      jax.block_until_ready(call(k, length)().tokens)
   calls = []
   for r in range(repeats):
     order = method.choices[r % len(method.choices):] + method.choices[:r % len(method.choices)]
-    for k in order:
+    for k in order + (SKIPPED,) * (SKIPPED in held):
       for length in lengths if r % 2 == 0 else lengths[::-1]:
         stats, elapsed = time_call(call(k, length))
         counts = np.asarray(stats.choice_counts)
+        if k == SKIPPED:  # the prefill's pass makes the first token
+          calls.append(Call(k, length, r, elapsed, int(stats.target_calls) - 1))
+          continue
         if counts.sum() != counts[method.choices.index(k)]:
           raise RuntimeError(f"the rule left the entry it was held at ({k} drafts): "
                              f"choices {counts.tolist()}")
@@ -155,20 +172,26 @@ def timed_calls(method, target, prompts, *, sampling, max_new_tokens: int,
 def priced(method, calls: list[Call], pooled: bool = False) -> CostTable:
   """``method.costs`` with ``loop`` fitted to ``calls``: each (entry, length)'s fastest call
   (``fit_loop_seconds``, ``pooled`` on the bare table's shape or each entry its own), in target
-  steps (module docstring)."""
+  steps (module docstring); ``autoregressive`` fitted the same way to the ``SKIPPED`` calls,
+  with a fixed part of their own, where there are any."""
   fastest: dict[tuple[int, int], tuple[float, int]] = {}  # (entry, length): (seconds, iterations)
   for c in calls:
     fastest[c.entry, c.length] = min(fastest.get((c.entry, c.length), (np.inf, 0)),
                                      (c.seconds, c.iterations))
-  seconds = fit_loop_seconds([(k, n, t) for (k, _), (t, n) in fastest.items()],
+  runs = [(k, n, t) for (k, _), (t, n) in fastest.items()]
+  seconds = fit_loop_seconds([r for r in runs if r[0] != SKIPPED],
                              bare_costs(method) if pooled else None)[1]
+  skipped = [r for r in runs if r[0] == SKIPPED]
+  if skipped:
+    seconds[SKIPPED] = fit_loop_seconds(skipped)[1][SKIPPED]
   unit = method.costs.target_step_ms / 1e3
   loop = {k: s / unit for k, s in seconds.items()}
   bad = {k: v for k, v in loop.items() if not v > 0}
   if bad:
     raise CalibrationNoise(f"calibration timed no positive iteration cost at {bad} (a "
                            f"machine too noisy for these lengths? more max_new_tokens or repeats)")
-  return dataclasses.replace(method.costs, loop=loop)
+  return dataclasses.replace(method.costs, loop={k: v for k, v in loop.items() if k != SKIPPED},
+                             autoregressive=loop.get(SKIPPED, 0.0))
 
 
 def calibrate(method, target, prompts, *, sampling, max_new_tokens: int,

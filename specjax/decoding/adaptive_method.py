@@ -64,7 +64,12 @@ class Adaptive:
   draft skipped altogether (no prefill, no looks: the upkeep that lets the draft resume within
   a call, 1-3% of a plain call; docs/benchmarks.md, session 49), except that after
   ``probe_every - 1`` such calls in a row the next runs the rule (the probe: its looks bring
-  new evidence). ``warmed`` counts the skipped calls (``skipped_calls``; ``DecodeStats``'s
+  new evidence). A call also skips where the last call that ran the rule cost more, by the
+  table, than plain decoding of its tokens would have (``probe_cost`` above ``1 + margin``,
+  set by ``warmed``: the rule's realized iterations, its choices priced by the table, over the
+  iterations a skipped call would run at ``CostTable.skipped_step``): the estimates where a call
+  ends are the text's last stretch, and a rule that drafts where it does not pay shows in the
+  call's own outcome. ``warmed`` counts the skipped calls (``skipped_calls``; ``DecodeStats``'s
   ``draft_skipped``) and a probe restarts the count. vLLM switches its drafts off by batch size
   (``speculative_disable_by_batch_size``); this one decides by the measured model.
   """
@@ -84,6 +89,7 @@ class Adaptive:
   prior_tally: Any = None  # the check's tally to start from: [made, modelled], K values each
   probe_every: int = 0  # the call-level skip: every probe_every-th call probes (0: never skip)
   skipped_calls: int = 0  # calls skipped in a row before this one (``warmed`` counts them)
+  probe_cost: float = 0.0  # the last rule call's cost over a skipped call's (0: none yet)
   name = "adaptive"
 
   def __post_init__(self):
@@ -107,6 +113,7 @@ class Adaptive:
                        f"{type(self.method).__name__} has none")
     menu_costs(self.costs, self.choices, self.rule, self.tree_nodes, self.draft_widths)
     check_probing(self.probe_every, self.skipped_calls, self.rule, self.choices, self.method)
+    options.check_count(self.probe_cost, "probe_cost", "a cost ratio")
 
   @property
   def tree_nodes(self) -> tuple[int, ...] | None:
@@ -158,7 +165,9 @@ class Adaptive:
     weighs it as such (counted as two observations, a warmed estimate fell a third of the way
     to 0 at its first miss: on the benchmark pair at batch 4 the rule then decoded plainly in
     79% of iterations where one draft paid 7%; docs/benchmarks.md, session 42). Lossless like
-    any prior: it depends on earlier calls only."""
+    any prior: it depends on earlier calls only. With ``DecodeStats`` of rule "cost", also
+    ``probe_cost``: that call's iterations priced by the table (``choice_counts``) over the
+    plain iterations its longest row's tokens take at ``CostTable.skipped_step``."""
     if getattr(stats, "draft_skipped", False):  # a skipped call: nothing new but the count
       return dataclasses.replace(self, skipped_calls=self.skipped_calls + 1)
     estimates = getattr(stats, "acceptance_estimates", stats)
@@ -169,22 +178,39 @@ class Adaptive:
     evidence = np.asarray(getattr(stats, "acceptance_evidence", 0.0), np.float64).reshape(-1)
     tally = getattr(stats, "model_tally", None)
     return dataclasses.replace(self, prior=values, prior_tally=tally, skipped_calls=0,
-                               prior_evidence=tuple(float(x) for x in evidence))
+                               prior_evidence=tuple(float(x) for x in evidence),
+                               probe_cost=self.call_cost(stats))
+
+  def call_cost(self, stats) -> float:
+    """A rule call's iterations priced by the table (``DecodeStats.choice_counts``, entry costs)
+    over what plain decoding of its tokens costs without the draft: as many iterations as its
+    longest row emitted tokens after the prefill's first, at ``CostTable.skipped_step``; 0
+    where there is nothing to compare (not rule "cost", no counts, a single token)."""
+    counts = np.asarray(getattr(stats, "choice_counts", ()), np.float64).reshape(-1)
+    plain = int(np.max(np.asarray(getattr(stats, "generated", 0)), initial=0)) - 1
+    if self.rule != "cost" or len(counts) != len(self.choices) or plain < 1:
+      return 0.0
+    cost = float(np.dot(counts, menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
+                                           self.draft_widths)))
+    return cost / (plain * self.costs.skipped_step())
 
   def skips_draft(self, batch: int, max_new_tokens: int) -> bool:
     """Whether a call of ``batch`` rows and ``max_new_tokens`` skips the draft (``probe_every``):
-    not a probe, evidence behind the estimates, and plain decoding's modelled tokens per unit of
-    cost at the call's start (``adaptive_model.menu_scores``: the rule's first choice, every
+    not a probe, evidence behind the estimates, and either the last rule call's ``probe_cost``
+    or, at the call's start, plain decoding's modelled tokens per unit of cost (at
+    ``CostTable.skipped_step``; ``adaptive_model.menu_scores``: the rule's first choice, every
     row active) above ``1 + margin`` times every drafting entry's."""
     if (not self.probe_every or self.skipped_calls + 1 >= self.probe_every
         or not any(self.prior_evidence)):
       return False
+    if self.probe_cost > 1.0 + self.margin:
+      return True
     gamma = self.gamma
     factors = (None if not self.correct or self.prior_tally is None
                else entry_factors(jnp.asarray(self.prior_tally, jnp.float32)))
+    costs = menu_costs(self.costs, self.choices, self.rule, self.tree_nodes, self.draft_widths)
     scores = np.asarray(start_scores(
-        jnp.asarray(menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
-                               self.draft_widths), jnp.float32),
+        jnp.asarray((self.costs.skipped_step(), *costs[1:]), jnp.float32),
         jnp.broadcast_to(jnp.asarray(self.prior, jnp.float32), (batch, gamma)),
         jnp.broadcast_to(jnp.asarray(self.prior_evidence, jnp.float32), (batch, gamma)),
         jnp.full((batch,), max(int(max_new_tokens) - 1, 1), jnp.int32), factors,
