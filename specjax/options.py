@@ -23,7 +23,8 @@ ADAPTIVE_RULES = ("cost", "schedule", "confidence")
 # sj.Adaptive's settings by default (the runner's config takes the same): the estimates' EMA
 # weight, prior and drift, the cost rule's hysteresis, the confidence rule's threshold (HF's).
 # decay / prior from experiments/adaptive_tune.py on SmolLM2 + its draft (docs/benchmarks.md).
-ADAPTIVE_DEFAULTS = dict(decay=0.1, prior=0.5, forget=0.05, margin=0.0, threshold=0.4)
+ADAPTIVE_DEFAULTS = dict(decay=0.1, prior=0.5, forget=0.05, margin=0.0, threshold=0.4,
+                         probe_margin=0.05)
 # Where a position's estimate drifts while no entry tests it (``sj.Adaptive(drift=)``): toward the
 # row's own first-position estimate (the default: "deeper drafts accept like the first", no
 # draft-specific prior; the positions the runs tested ended near the first's, except where a

@@ -107,12 +107,14 @@ class CycleTest(absltest.TestCase):
     """``warmed`` prices the call that ran the rule by the table: 10 plain iterations (1.0) and
     5 of one draft (1.4 = a draft step and a 2-token pass) against the 20 iterations after the
     first token of its longest row at a skipped call's 0.8: ``probe_cost`` 17 / 16 = 1.0625.
-    The next call skips although its estimates price drafting ahead (acceptance 0.9), unless
-    the margin covers it (0.07), in the probe, or without evidence; a probe that paid (cost
-    below a skipped call's) leaves it to the estimates."""
+    At ``probe_margin`` 0.06 the next call skips although its estimates price drafting ahead
+    (acceptance 0.9); not at 0.07 (nor at the default 0.05 beside a cost of 1.04), in the probe,
+    or without evidence; a probe that paid (cost below a skipped call's) leaves it to the
+    estimates."""
     _, inner = methods()
     bare = dataclasses.replace(table(), autoregressive=0.8)
-    method = sj.Adaptive(inner["speculative"], choices=MENU, costs=bare, probe_every=4)
+    method = sj.Adaptive(inner["speculative"], choices=MENU, costs=bare, probe_every=4,
+                         probe_margin=0.06)
     stats = types.SimpleNamespace(acceptance_estimates=[0.9] * 3, acceptance_evidence=[8, 2, 0],
                                   model_tally=None, choice_counts=[10, 5, 0, 0],
                                   generated=[21, 18], draft_skipped=False)
@@ -120,7 +122,12 @@ class CycleTest(absltest.TestCase):
     self.assertAlmostEqual(warm.probe_cost, 17 / 16, places=12)
     self.assertTrue(warm.skips_draft(2, 21))
     self.assertFalse(dataclasses.replace(warm, probe_cost=0.0).skips_draft(2, 21))  # 0.9 pays
-    self.assertFalse(dataclasses.replace(warm, margin=0.07).skips_draft(2, 21))
+    self.assertFalse(dataclasses.replace(warm, probe_margin=0.07).skips_draft(2, 21))
+    default = sj.Adaptive(inner["speculative"], choices=MENU, costs=bare, probe_every=4)
+    self.assertEqual(default.probe_margin, 0.05)
+    self.assertFalse(dataclasses.replace(warm, probe_cost=1.04, probe_margin=0.05)
+                     .skips_draft(2, 21))
+    self.assertTrue(default.warmed(stats).skips_draft(2, 21))  # 1.0625 > 1.05
     self.assertFalse(dataclasses.replace(warm, skipped_calls=3).skips_draft(2, 21))
     self.assertFalse(dataclasses.replace(warm, prior_evidence=0.0).skips_draft(2, 21))
     skipped = warm.warmed(types.SimpleNamespace(draft_skipped=True))
@@ -221,7 +228,9 @@ class ErrorTest(parameterized.TestCase):
       ("probe_cost", dict(probe_every=3, probe_cost=-1.0),
        "probe_cost must be a finite number >= 0 (a cost ratio), got -1.0"),
       ("probe_cost_nan", dict(probe_every=3, probe_cost=float("nan")),
-       "probe_cost must be a finite number >= 0 (a cost ratio), got nan"))
+       "probe_cost must be a finite number >= 0 (a cost ratio), got nan"),
+      ("probe_margin", dict(probe_every=3, probe_margin=1.5),
+       "probe_margin must be a number in [0, 1], got 1.5"))
   def test_errors(self, kwargs, message):
     _, inner = methods()
     kwargs = {"choices": MENU, "costs": table(), **kwargs}

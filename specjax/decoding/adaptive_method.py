@@ -65,11 +65,15 @@ class Adaptive:
   a call, 1-3% of a plain call; docs/benchmarks.md, session 49), except that after
   ``probe_every - 1`` such calls in a row the next runs the rule (the probe: its looks bring
   new evidence). A call also skips where the last call that ran the rule cost more, by the
-  table, than plain decoding of its tokens would have (``probe_cost`` above ``1 + margin``,
-  set by ``warmed``: the rule's realized iterations, its choices priced by the table, over the
-  iterations a skipped call would run at ``CostTable.skipped_step``): the estimates where a call
-  ends are the text's last stretch, and a rule that drafts where it does not pay shows in the
-  call's own outcome. ``warmed`` counts the skipped calls (``skipped_calls``; ``DecodeStats``'s
+  table, than plain decoding of its tokens would have, by more than the factor
+  ``1 + probe_margin`` (``probe_cost``, set by ``warmed``: the rule's realized iterations, its
+  choices priced by the table, over the iterations a skipped call would run at
+  ``CostTable.skipped_step``): the estimates where a call ends are the text's last stretch, and
+  a rule that drafts where it does not pay shows in the call's own outcome. ``probe_margin``
+  (0.05) is the calibrated prices' own spread (a skipped call's iteration 0.957-1.000 of the
+  loop's plain one over four calibrations of SmolLM2's chat cell at batch 4; one call's outcome
+  at 1.006 skipped batch-1 code edits where two drafts paid 9%: docs/benchmarks.md, session
+  52): a wrong skip costs the draft's whole gain, a missed one a few percent. ``warmed`` counts the skipped calls (``skipped_calls``; ``DecodeStats``'s
   ``draft_skipped``) and a probe restarts the count. vLLM switches its drafts off by batch size
   (``speculative_disable_by_batch_size``); this one decides by the measured model.
   """
@@ -90,6 +94,7 @@ class Adaptive:
   probe_every: int = 0  # the call-level skip: every probe_every-th call probes (0: never skip)
   skipped_calls: int = 0  # calls skipped in a row before this one (``warmed`` counts them)
   probe_cost: float = 0.0  # the last rule call's cost over a skipped call's (0: none yet)
+  probe_margin: float = options.ADAPTIVE_DEFAULTS["probe_margin"]  # what probe_cost must beat
   name = "adaptive"
 
   def __post_init__(self):
@@ -114,6 +119,7 @@ class Adaptive:
     menu_costs(self.costs, self.choices, self.rule, self.tree_nodes, self.draft_widths)
     check_probing(self.probe_every, self.skipped_calls, self.rule, self.choices, self.method)
     options.check_count(self.probe_cost, "probe_cost", "a cost ratio")
+    options.check_unit_number(self.probe_margin, "probe_margin")
 
   @property
   def tree_nodes(self) -> tuple[int, ...] | None:
@@ -197,13 +203,13 @@ class Adaptive:
   def skips_draft(self, batch: int, max_new_tokens: int) -> bool:
     """Whether a call of ``batch`` rows and ``max_new_tokens`` skips the draft (``probe_every``):
     not a probe, evidence behind the estimates, and either the last rule call's ``probe_cost``
-    or, at the call's start, plain decoding's modelled tokens per unit of cost (at
-    ``CostTable.skipped_step``; ``adaptive_model.menu_scores``: the rule's first choice, every
-    row active) above ``1 + margin`` times every drafting entry's."""
+    above ``1 + probe_margin`` or, at the call's start, plain decoding's modelled tokens per
+    unit of cost (at ``CostTable.skipped_step``; ``adaptive_model.menu_scores``: the rule's
+    first choice, every row active) above ``1 + margin`` times every drafting entry's."""
     if (not self.probe_every or self.skipped_calls + 1 >= self.probe_every
         or not any(self.prior_evidence)):
       return False
-    if self.probe_cost > 1.0 + self.margin:
+    if self.probe_cost > 1.0 + self.probe_margin:
       return True
     gamma = self.gamma
     factors = (None if not self.correct or self.prior_tally is None
