@@ -188,10 +188,12 @@ class CostTable:
 
   def skipped_step(self) -> float:
     """What a call that skips the draft (plain decoding, ``sj.Autoregressive()``) pays an
-    iteration, in target steps: the timed bare loop's (``autoregressive``), else the menu's
-    plain entry (``entry_cost(0)``: the calibrated loop's plain iteration, which carries the
-    skipped draft's upkeep, or the bare step 1.0)."""
-    return self.autoregressive or self.entry_cost(0)
+    iteration, in target steps: the timed bare loop's (``autoregressive``), at most the menu's
+    plain entry (``entry_cost(0)``: the calibrated loop's plain iteration, the same step and
+    the skipped draft's upkeep besides, or the bare step 1.0; a fit above it is noise), which
+    is also the price where the bare loop was not timed."""
+    plain = self.entry_cost(0)
+    return min(self.autoregressive, plain) if self.autoregressive else plain
 
   def entry_costs(self, choices, tree_nodes=None, draft_widths=None) -> tuple[float, ...]:
     """``entry_cost`` of every entry of an ``sj.Adaptive`` menu (``choices[i]`` drafts; with

@@ -158,10 +158,13 @@ class CostTableTest(absltest.TestCase):
   def test_a_skipped_calls_step(self):
     """``autoregressive`` (the bare autoregressive loop's iteration, timed by a calibration of
     a method that skips its draft for whole calls) is what ``skipped_step`` prices a skipped
-    call's iteration at; untimed (0, or a table saved before the field), the menu's plain
-    entry: the calibrated loop's, else the bare step 1.0."""
+    call's iteration at, at most the menu's plain entry (the same step and more); untimed (0,
+    or a table saved before the field), the plain entry: the calibrated loop's, else the bare
+    step 1.0."""
     self.assertEqual(_table().skipped_step(), 1.0)
     self.assertEqual(_table(loop={0: 1.05, 2: 1.9}).skipped_step(), 1.05)
+    self.assertEqual(_table(loop={0: 1.05, 2: 1.9}, autoregressive=1.2).skipped_step(), 1.05)
+    self.assertEqual(_table(autoregressive=1.2).skipped_step(), 1.0)
     table = _table(loop={0: 1.05, 2: 1.9}, autoregressive=0.98)
     self.assertEqual(table.skipped_step(), 0.98)
     self.assertEqual(table.entry_cost(0), 1.05)  # the menu's own plain entry unchanged

@@ -73,7 +73,8 @@ class Adaptive:
   (0.05) is the calibrated prices' own spread (a skipped call's iteration 0.957-1.000 of the
   loop's plain one over four calibrations of SmolLM2's chat cell at batch 4; one call's outcome
   at 1.006 skipped batch-1 code edits where two drafts paid 9%: docs/benchmarks.md, session
-  52): a wrong skip costs the draft's whole gain, a missed one a few percent. ``warmed`` counts the skipped calls (``skipped_calls``; ``DecodeStats``'s
+  52): a wrong skip costs the draft's whole gain, a missed one a few percent. The decision from
+  the estimates prices plain decoding at the menu's own plain entry. ``warmed`` counts the skipped calls (``skipped_calls``; ``DecodeStats``'s
   ``draft_skipped``) and a probe restarts the count. vLLM switches its drafts off by batch size
   (``speculative_disable_by_batch_size``); this one decides by the measured model.
   """
@@ -204,8 +205,11 @@ class Adaptive:
     """Whether a call of ``batch`` rows and ``max_new_tokens`` skips the draft (``probe_every``):
     not a probe, evidence behind the estimates, and either the last rule call's ``probe_cost``
     above ``1 + probe_margin`` or, at the call's start, plain decoding's modelled tokens per
-    unit of cost (at ``CostTable.skipped_step``; ``adaptive_model.menu_scores``: the rule's
-    first choice, every row active) above ``1 + margin`` times every drafting entry's."""
+    unit of cost (``adaptive_model.menu_scores``: the rule's first choice, every row active;
+    plain decoding at the menu's own price, which the calibration fits jointly with the
+    drafting entries: the bare loop's own fit scattered 0.87-1.11x of it between runs, and at
+    ``margin`` 0 that would flip this decision) above ``1 + margin`` times every drafting
+    entry's."""
     if (not self.probe_every or self.skipped_calls + 1 >= self.probe_every
         or not any(self.prior_evidence)):
       return False
@@ -214,9 +218,9 @@ class Adaptive:
     gamma = self.gamma
     factors = (None if not self.correct or self.prior_tally is None
                else entry_factors(jnp.asarray(self.prior_tally, jnp.float32)))
-    costs = menu_costs(self.costs, self.choices, self.rule, self.tree_nodes, self.draft_widths)
     scores = np.asarray(start_scores(
-        jnp.asarray((self.costs.skipped_step(), *costs[1:]), jnp.float32),
+        jnp.asarray(menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
+                               self.draft_widths), jnp.float32),
         jnp.broadcast_to(jnp.asarray(self.prior, jnp.float32), (batch, gamma)),
         jnp.broadcast_to(jnp.asarray(self.prior_evidence, jnp.float32), (batch, gamma)),
         jnp.full((batch,), max(int(max_new_tokens) - 1, 1), jnp.int32), factors,
