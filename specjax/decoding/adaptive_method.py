@@ -74,8 +74,9 @@ class Adaptive:
   loop's plain one over four calibrations of SmolLM2's chat cell at batch 4; one call's outcome
   at 1.006 skipped batch-1 code edits where two drafts paid 9%: docs/benchmarks.md, session
   52): a wrong skip costs the draft's whole gain, a missed one a few percent. The decision from
-  the estimates prices plain decoding at the menu's own plain entry. ``warmed`` counts the skipped calls (``skipped_calls``; ``DecodeStats``'s
-  ``draft_skipped``) and a probe restarts the count. vLLM switches its drafts off by batch size
+  the estimates prices plain decoding at the menu's own plain entry. ``warmed`` counts the
+  skipped calls (``skipped_calls``; ``DecodeStats``'s ``draft_skipped``) and a probe restarts
+  the count. vLLM switches its drafts off by batch size
   (``speculative_disable_by_batch_size``); this one decides by the measured model.
   """
 
