@@ -158,10 +158,10 @@ def timed_calls(method, target, prompts, *, sampling, max_new_tokens: int,
     for k in order + (SKIPPED,) * (SKIPPED in held):
       for length in lengths if r % 2 == 0 else lengths[::-1]:
         stats, elapsed = time_call(call(k, length))
-        counts = np.asarray(stats.choice_counts)
         if k == SKIPPED:  # the prefill's pass makes the first token
           calls.append(Call(k, length, r, elapsed, int(stats.target_calls) - 1))
           continue
+        counts = np.asarray(stats.choice_counts)
         if counts.sum() != counts[method.choices.index(k)]:
           raise RuntimeError(f"the rule left the entry it was held at ({k} drafts): "
                              f"choices {counts.tolist()}")

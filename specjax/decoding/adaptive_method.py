@@ -194,12 +194,11 @@ class Adaptive:
     over what plain decoding of its tokens costs without the draft: as many iterations as its
     longest row emitted tokens after the prefill's first, at ``CostTable.skipped_step``; 0
     where there is nothing to compare (not rule "cost", no counts, a single token)."""
-    counts = np.asarray(getattr(stats, "choice_counts", ()), np.float64).reshape(-1)
+    counts = np.asarray(getattr(stats, "choice_counts", ()), np.int64).reshape(-1)
     plain = int(np.max(np.asarray(getattr(stats, "generated", 0)), initial=0)) - 1
     if self.rule != "cost" or len(counts) != len(self.choices) or plain < 1:
       return 0.0
-    cost = float(np.dot(counts, menu_costs(self.costs, self.choices, self.rule, self.tree_nodes,
-                                           self.draft_widths)))
+    cost = self.costs.menu_cost(self.choices, counts, self.tree_nodes, self.draft_widths)
     return cost / (plain * self.costs.skipped_step())
 
   def skips_draft(self, batch: int, max_new_tokens: int) -> bool:
